@@ -9,6 +9,11 @@ import pytest
 
 from specroute.emulator import Engine, get_profile
 from specroute.emulator.adaptive import AdaptiveSteps
+from specroute.emulator.seed import (
+    SEED_AGGREGATE_TOK_S,
+    SEED_MAX_RUNNING_REQUESTS,
+    SEED_PER_REQUEST_TOK_S,
+)
 from specroute.emulator.simulate import run_closed_loop
 
 SEED = get_profile("seed-qwen35-122b")
@@ -77,7 +82,7 @@ def test_queueing_starts_exactly_at_capacity() -> None:
     assert [s.rid for s in engine.waiting] == [f"r{capacity}"]
 
 
-@pytest.mark.parametrize(("steps", "capacity"), [(1, 26), (2, 21), (3, 17), (4, 15)])
+@pytest.mark.parametrize(("steps", "capacity"), [*SEED_MAX_RUNNING_REQUESTS.items(), (4, 15)])
 def test_seed_capacity_shrinks_with_depth_as_measured(steps: int, capacity: int) -> None:
     assert SEED.capacity(steps) == capacity
     assert Engine(SEED, steps=steps).max_running_requests == capacity
@@ -147,14 +152,7 @@ def test_abort_leaves_the_batch_before_the_next_iteration() -> None:
 
 
 def test_seed_profile_reproduces_seed_table_in_virtual_time() -> None:
-    published = {  # (steps, concurrency): (per-request tok/s, aggregate tok/s or None)
-        (1, 1): (123, None),
-        (2, 1): (186, None),
-        (3, 1): (234, None),
-        (1, 64): (66, 1582),
-        (3, 64): (120, 1914),
-    }
-    for (steps, concurrency), (per_request, aggregate) in published.items():
+    for (steps, concurrency), per_request in SEED_PER_REQUEST_TOK_S.items():
         result = run_closed_loop(
             SEED,
             steps=steps,
@@ -164,8 +162,9 @@ def test_seed_profile_reproduces_seed_table_in_virtual_time() -> None:
             prompt_tokens=256,
         )
         assert result.per_request_tok_s == pytest.approx(per_request, rel=0.07)
-        if aggregate is not None:
-            assert result.aggregate_tok_s == pytest.approx(aggregate, rel=0.07)
+        if (steps, concurrency) in SEED_AGGREGATE_TOK_S:
+            expected = SEED_AGGREGATE_TOK_S[steps, concurrency]
+            assert result.aggregate_tok_s == pytest.approx(expected, rel=0.07)
 
 
 def test_costly_profile_best_depth_falls_with_load_for_sampled_traffic() -> None:
