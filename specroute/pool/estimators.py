@@ -1,0 +1,154 @@
+"""What the pool learns from outcomes: acceptance per workload class, iteration time per backend.
+
+Pure and synchronous. Acceptance is kept as a constant per-token rate alpha (solving
+`E_k(alpha) = L` for an accept length L seen at depth k, so one estimate serves every depth)
+and, where a depth has been seen, as that depth's own accept length, which is more exact when
+acceptance decays with draft position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "AcceptanceEstimate",
+    "AcceptanceEstimator",
+    "DecayingMean",
+    "IterationTimeModel",
+    "alpha_from_accept_length",
+    "expected_tokens",
+]
+
+
+def expected_tokens(alpha: float, steps: int) -> float:
+    """E_k(alpha) = 1 + alpha + ... + alpha^k: tokens one verify yields at constant acceptance."""
+    if steps <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(steps + 1)
+    return (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
+
+
+def alpha_from_accept_length(accept_length: float, steps: int) -> float:
+    """The alpha with E_k(alpha) = accept_length, clipped to what depth k can show."""
+    if steps <= 0:
+        raise ValueError("an accept length says nothing about alpha without speculation")
+    if accept_length <= 1.0:
+        return 0.0
+    if accept_length >= steps + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(50):  # E_k is increasing in alpha; bisection to ~1e-15
+        mid = (low + high) / 2
+        if expected_tokens(mid, steps) < accept_length:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+@dataclass(slots=True)
+class DecayingMean:
+    """A mean whose older samples weigh less: each update first scales past weight by `keep`."""
+
+    value: float
+    weight: float = 0.0
+
+    def update(self, x: float, weight: float, keep: float) -> None:
+        self.weight = self.weight * keep + weight
+        self.value += (weight / self.weight) * (x - self.value)
+
+
+@dataclass(slots=True)
+class AcceptanceEstimate:
+    """One class's acceptance: alpha over all depths, accept length per depth seen."""
+
+    alpha: DecayingMean
+    by_steps: dict[int, DecayingMean] = field(default_factory=dict)
+    samples: int = 0
+
+    def accept_length(self, steps: int) -> float:
+        """Expected tokens per verify at depth `steps`: measured there if seen, else from alpha."""
+        seen = self.by_steps.get(steps)
+        return seen.value if seen is not None else expected_tokens(self.alpha.value, steps)
+
+
+class AcceptanceEstimator:
+    """Exponentially weighted acceptance per workload class, with a prior for new classes.
+
+    `half_life` is in verifies: older observations count half after that many newer ones, so
+    the estimate follows a workload whose acceptance drifts. The prior counts as no weight: the
+    first observation replaces it.
+    """
+
+    def __init__(self, *, prior_alpha: float = 0.7, half_life: float = 2000.0) -> None:
+        if not 0.0 <= prior_alpha <= 1.0:
+            raise ValueError("prior_alpha must be in [0, 1]")
+        self.prior_alpha = prior_alpha
+        self.half_life = half_life
+        self.classes: dict[str, AcceptanceEstimate] = {}
+
+    def get(self, klass: str) -> AcceptanceEstimate:
+        return self.classes.get(klass) or AcceptanceEstimate(DecayingMean(self.prior_alpha))
+
+    def observe(self, klass: str, *, steps: int, accept_length: float, verifies: float) -> None:
+        """Fold in `verifies` verify passes at depth `steps` that yielded `accept_length` each."""
+        if steps <= 0 or verifies <= 0 or accept_length <= 0:
+            return
+        est = self.classes.setdefault(klass, AcceptanceEstimate(DecayingMean(self.prior_alpha)))
+        keep = 0.5 ** (verifies / self.half_life)
+        est.alpha.update(alpha_from_accept_length(accept_length, steps), verifies, keep)
+        est.by_steps.setdefault(steps, DecayingMean(accept_length)).update(
+            accept_length, verifies, keep
+        )
+        est.samples += 1
+
+
+@dataclass(slots=True)
+class IterationTimeModel:
+    """Online least squares of one backend's iteration time against the tokens in its batch.
+
+    `T(n) = intercept + slope * n`, n = running requests x (steps + 1); observations decay
+    with `forget` per observation so the fit follows the backend. A prior (from a bench profile
+    or defaults) acts as `prior_weight` pseudo-observations at two batch sizes.
+    """
+
+    intercept: float = 0.02
+    slope: float = 0.0003
+    prior_weight: float = 20.0
+    forget: float = 0.999
+    _sw: float = 0.0
+    _sx: float = 0.0
+    _sy: float = 0.0
+    _sxx: float = 0.0
+    _sxy: float = 0.0
+    observations: int = 0
+
+    def __post_init__(self) -> None:
+        for n in (2.0, 64.0):
+            self._add(n, self.intercept + self.slope * n, self.prior_weight / 2)
+
+    def _add(self, n: float, seconds: float, weight: float) -> None:
+        self._sw += weight
+        self._sx += weight * n
+        self._sy += weight * seconds
+        self._sxx += weight * n * n
+        self._sxy += weight * n * seconds
+
+    def observe(self, batch_tokens: float, seconds: float, weight: float = 1.0) -> None:
+        """One measured iteration (e.g. a gap between stream chunks) at `batch_tokens`."""
+        if seconds <= 0 or batch_tokens <= 0:
+            return
+        f = self.forget
+        self._sw, self._sx, self._sy = self._sw * f, self._sx * f, self._sy * f
+        self._sxx, self._sxy = self._sxx * f, self._sxy * f
+        self._add(batch_tokens, seconds, weight)
+        self.observations += 1
+        det = self._sw * self._sxx - self._sx * self._sx
+        if det > 1e-12:
+            slope = (self._sw * self._sxy - self._sx * self._sy) / det
+            self.slope = max(0.0, slope)
+            self.intercept = max(1e-6, (self._sy - self.slope * self._sx) / self._sw)
+
+    def predict(self, batch_tokens: float) -> float:
+        return self.intercept + self.slope * batch_tokens
