@@ -1,6 +1,11 @@
-"""An SGLang-compatible server whose GPU is a calibrated model of speculative decoding."""
+"""An SGLang-compatible server whose GPU is a calibrated model of speculative decoding.
+
+The HTTP app is `specroute.emulator.server.create_app(EmulatorOptions(...))` (imported on
+demand: it pulls in Litestar); `specroute emulate` runs it.
+"""
 
 from specroute.emulator.engine import Emission, Engine, Iteration, Sequence
+from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.profiles import (
     DEFAULT_PROFILE,
     PROFILES,
@@ -13,6 +18,7 @@ __all__ = [
     "DEFAULT_PROFILE",
     "PROFILES",
     "Emission",
+    "EmulatorOptions",
     "Engine",
     "Iteration",
     "Profile",

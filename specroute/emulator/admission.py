@@ -1,0 +1,145 @@
+"""From a decoded request to what the engine needs, with SGLang's validation and messages.
+
+Each `*_plan` function returns a `Plan` (prompt size, output budget, sampling class, the text
+that seeds the reply) or raises `Rejected` carrying SGLang's message for that mistake.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specroute.emulator.profiles import sampling_class
+from specroute.emulator.text import chat_prompt_tokens, count_words
+from specroute.emulator.wire import ChatRequest, CompletionRequest, GenerateRequest
+
+__all__ = ["Plan", "Rejected", "chat_plan", "completion_plan", "generate_plan"]
+
+
+class Rejected(ValueError):
+    """A request SGLang answers with 400, in SGLang's wording where it has one.
+
+    `type` is the error body's `type`: "BadRequestError" for SGLang's own checks, "Bad Request"
+    for what its pydantic schema rejects before a handler runs.
+    """
+
+    def __init__(self, message: str, type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.type = type
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    prompt_tokens: int
+    prompt_text: str
+    max_new_tokens: int
+    klass: str
+    ignore_eos: bool
+
+
+def _lora_check(model: str, served: str, lora_path: object) -> None:
+    adapter = lora_path if isinstance(lora_path, str) else None
+    if isinstance(lora_path, list):
+        adapter = next((a for a in lora_path if a), None)
+    if ":" in model and model != served:
+        adapter = model.split(":", 1)[1].strip() or adapter
+    if adapter:
+        raise Rejected(
+            f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch the "
+            "server with --enable-lora flag and preload adapters using --lora-paths or "
+            "/load_lora_adapter endpoint."
+        )
+
+
+def _budget(prompt_tokens: int, max_new: int | None, context: int) -> int:
+    """SGLang's length checks; no budget means whatever context is left."""
+    if prompt_tokens >= context:
+        raise Rejected(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+            f"({context} tokens)."
+        )
+    if max_new is None:
+        return context - prompt_tokens
+    if max_new < 0:
+        raise Rejected(f"max_new_tokens must be at least 0, got {max_new}.")
+    if max_new + prompt_tokens > context:
+        raise Rejected(
+            "Requested token count exceeds the model's maximum context length of "
+            f"{context} tokens. You requested a total of {max_new + prompt_tokens} tokens: "
+            f"{prompt_tokens} tokens from the input messages and {max_new} tokens for the "
+            "completion. Please reduce the number of tokens in the input messages or the "
+            "completion to fit within the limit."
+        )
+    return max_new
+
+
+def _single_n(n: int) -> None:
+    if n != 1:
+        raise Rejected(f"n={n} is not supported by the specroute emulator; send n=1.")
+
+
+def chat_plan(req: ChatRequest, *, served: str, context: int) -> Plan:
+    if not req.messages:
+        raise Rejected("Messages cannot be empty.")
+    _single_n(req.n)
+    max_new = req.max_completion_tokens or req.max_tokens
+    if max_new and max_new > context:
+        raise Rejected(
+            f"max_completion_tokens is too large: {max_new}.This model supports at most "
+            f"{context} completion tokens."
+        )
+    _lora_check(req.model, served, req.lora_path)
+    contents = [m.text() for m in req.messages]
+    prompt_tokens = chat_prompt_tokens(contents)
+    prompt_text = "\n".join(f"{m.role}: {c}" for m, c in zip(req.messages, contents, strict=True))
+    return Plan(
+        prompt_tokens=prompt_tokens,
+        prompt_text=prompt_text,
+        max_new_tokens=_budget(prompt_tokens, max_new, context),
+        klass=sampling_class(req.temperature, req.top_k),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def _prompt(prompt: object) -> tuple[int, str]:
+    """(tokens, seed text) of a single prompt: a string, or a list of token ids."""
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return count_words(prompt), prompt
+    if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        return len(prompt), " ".join(map(str, prompt))
+    raise Rejected("Batched prompts are not supported by the specroute emulator; send one.")
+
+
+def completion_plan(req: CompletionRequest, *, served: str, context: int) -> Plan:
+    if req.max_tokens <= 0:
+        raise Rejected("Value error, max_tokens must be positive", type="Bad Request")
+    prompt = req.prompt
+    if not prompt or (isinstance(prompt, list) and all(not p for p in prompt)):
+        raise Rejected("Prompt cannot be empty")
+    _single_n(req.n)
+    _lora_check(req.model, served, req.lora_path)
+    tokens, text = _prompt(prompt)
+    return Plan(
+        prompt_tokens=tokens,
+        prompt_text=text,
+        max_new_tokens=_budget(tokens, req.max_tokens, context),
+        klass=sampling_class(req.temperature, req.top_k),
+        ignore_eos=req.ignore_eos,
+    )
+
+
+def generate_plan(req: GenerateRequest, *, context: int) -> Plan:
+    source: object = req.text if req.text is not None else req.input_ids
+    if source is None:
+        raise Rejected("Either text, input_ids or input_embeds should be provided.")
+    tokens, text = _prompt(source)
+    params = req.sampling_params
+    max_new = params.max_new_tokens if params else 128
+    return Plan(
+        prompt_tokens=tokens,
+        prompt_text=text,
+        max_new_tokens=_budget(tokens, max_new, context),
+        klass=sampling_class(params.temperature, params.top_k) if params else "high",
+        ignore_eos=params.ignore_eos if params else False,
+    )

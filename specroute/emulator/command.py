@@ -1,0 +1,161 @@
+"""`specroute emulate`: run an emulated SGLang server (no GPU, no model) on one uvicorn worker."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import msgspec
+import structlog
+import uvicorn
+
+from specroute.emulator.faults import EXIT_STATUS
+from specroute.emulator.options import SPEC_ALGORITHMS, EmulatorOptions
+from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.logs import configure_logging
+
+__all__ = ["options_from_args", "register", "run"]
+
+log = structlog.get_logger()
+
+DESCRIPTION = (
+    "Run an EMULATED SGLang 0.5.23 server: there is no GPU and no model behind it. A calibrated "
+    "profile decides how long each batch iteration takes and how many draft tokens each "
+    "request accepts; the text is deterministic filler, one word per token. It answers the "
+    "OpenAI routes, /generate, /server_info, /metrics and the rest as SGLang does, so proxies, "
+    "benchmarks and SGLang's own client can be tested on a laptop."
+)
+GRACEFUL_SHUTDOWN_SECONDS = 3
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the emulator first so open streams end instead of hanging."""
+
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
+class _Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Show defaults, except the empty ones (None, False) that say nothing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "emulate",
+        help="run an emulated SGLang server (no GPU, no model)",
+        description=DESCRIPTION,
+        formatter_class=_Help,
+    )
+    _server_flags(parser.add_argument_group("server (SGLang's flags)"))
+    _emulation_flags(parser.add_argument_group("emulation"))
+    _fault_flags(parser.add_argument_group("faults (for testing clients and proxies)"))
+    parser.set_defaults(run=run, parser=parser)
+
+
+# Flag tables read best one flag to a call; the formatter would explode each call.
+# fmt: off
+def _server_flags(group: argparse._ArgumentGroup) -> None:
+    add = group.add_argument
+    add("--steps", type=int, required=True, default=argparse.SUPPRESS,
+        help="--speculative-num-steps; 0 runs without speculation")
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=int, default=30000, help="SGLang's default port")
+    add("--max-running-requests", type=int, default=None,
+        help="default: the profile's memory-bound capacity at this depth")
+    add("--model-name", default=None, help="served model name (default: the profile's model)")
+    add("--speculative-algorithm", choices=SPEC_ALGORITHMS, default=None,
+        help="default NEXTN when --steps > 0 (reported as EAGLE, as SGLang does)")
+    add("--speculative-adaptive", action="store_true",
+        help="switch depth per batch-size tier, as SGLang's adaptive mode")
+    add("--api-key", default=None,
+        help="require 'Authorization: Bearer KEY' (not on /health, /ready, /metrics)")
+    add("--decode-log-interval", type=int, default=40,
+        help="decode iterations between refreshes of the /metrics gauges")
+
+
+def _emulation_flags(group: argparse._ArgumentGroup) -> None:
+    add = group.add_argument
+    add("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE,
+        help="calibrated model/GPU behaviour")
+    add("--seed", type=int, default=0,
+        help="seeds acceptance draws, output lengths, text and faults")
+    add("--time-scale", type=float, default=1.0,
+        help="the emulated GPU runs X times faster; reported times stay wall-clock")
+
+
+def _fault_flags(group: argparse._ArgumentGroup) -> None:
+    add = group.add_argument
+    add("--fail-rate", type=float, default=0.0, metavar="F",
+        help="share of generation requests answered HTTP 500")
+    add("--exit-after-requests", type=int, default=None, metavar="N",
+        help=f"exit hard (status {EXIT_STATUS}) on receiving generation request N+1")
+    add("--exit-mid-stream-after-tokens", type=int, default=None, metavar="N",
+        help=f"exit hard (status {EXIT_STATUS}) once a stream has sent N tokens")
+    add("--stall-after-tokens", type=int, default=None, metavar="N",
+        help="streams go silent after N tokens but keep the connection open")
+    add("--not-ready-for", type=float, default=0.0, metavar="SECONDS",
+        help="/ready (and /health) answer 503 this long after start")
+    add("--malformed-sse-rate", type=float, default=0.0, metavar="F",
+        help="share of streams that emit one broken 'data:' line mid-stream")
+# fmt: on
+
+
+def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
+    """Build and check the options; raises ValueError naming the flag at fault."""
+    fields = {f.name for f in msgspec.structs.fields(EmulatorOptions)}
+    raw = {k: v for k, v in vars(args).items() if k in fields}
+    try:
+        return msgspec.convert(raw, EmulatorOptions)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        for name in fields:
+            message = message.replace(f"`$.{name}`", "--" + name.replace("_", "-"))
+        raise ValueError(message) from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = options_from_args(args)
+    except ValueError as exc:
+        args.parser.error(str(exc))  # exits with status 2
+    from specroute.emulator.server import build
+
+    configure_logging()
+    app, emulator = build(options)
+    log.info(
+        "emulator_starting",
+        note="EMULATED SGLang server: no GPU, no model",
+        url=f"http://{options.host}:{options.port}",
+        model=options.served_model_name,
+        profile=options.profile,
+        steps=options.steps,
+        speculative_algorithm=options.algorithm,
+        adaptive=options.speculative_adaptive,
+        time_scale=options.time_scale,
+    )
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        loop="uvloop",
+        http="httptools",
+        workers=1,
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    _Server(config, on_exit=emulator.begin_shutdown).run()
+    return 0

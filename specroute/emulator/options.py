@@ -1,0 +1,69 @@
+"""The emulated server's settings: one frozen Struct, checked once, passed to `create_app`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+from specroute.emulator.adaptive import DEFAULT_TIERS
+from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+
+__all__ = ["SPEC_ALGORITHMS", "EmulatorOptions"]
+
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
+"""Algorithms the emulator accepts; NEXTN resolves to EAGLE, as in SGLang."""
+
+Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Count = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything `specroute emulate` accepts; defaults match SGLang's where it has one."""
+
+    steps: Annotated[int, msgspec.Meta(ge=0, le=16)]
+    """`--speculative-num-steps`; 0 runs without speculation."""
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
+    profile: str = DEFAULT_PROFILE
+    max_running_requests: Count | None = None
+    """None: the profile's memory-bound capacity at this depth."""
+    model_name: str | None = None
+    """Served model name; None: the profile's model."""
+    speculative_algorithm: Literal["EAGLE", "EAGLE3", "NEXTN"] | None = None
+    """None with steps > 0 means NEXTN (the MTP head), reported as EAGLE."""
+    speculative_adaptive: bool = False
+    api_key: str | None = None
+    seed: int = 0
+    time_scale: Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)] = 1.0
+    decode_log_interval: Count = 40
+    fail_rate: Share = 0.0
+    exit_after_requests: Count | None = None
+    exit_mid_stream_after_tokens: Count | None = None
+    stall_after_tokens: Count | None = None
+    not_ready_for: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    malformed_sse_rate: Share = 0.0
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; choose one of {sorted(PROFILES)}")
+        if self.steps == 0 and self.speculative_algorithm is not None:
+            raise ValueError("--speculative-algorithm needs --steps 1 or more")
+        if self.speculative_adaptive:
+            depths = sorted({k for _, tier in DEFAULT_TIERS for k in tier} - {0})
+            if self.steps not in depths:
+                raise ValueError(
+                    f"--speculative-adaptive needs --steps in one of the tiers' depths {depths}"
+                )
+
+    @property
+    def algorithm(self) -> str | None:
+        """The resolved `speculative_algorithm` SGLang reports (NEXTN is an alias of EAGLE)."""
+        if self.steps == 0:
+            return None
+        chosen = self.speculative_algorithm or "NEXTN"
+        return "EAGLE" if chosen == "NEXTN" else chosen
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model_name or PROFILES[self.profile].model_name

@@ -1,0 +1,238 @@
+"""One emulated server's runtime: engine, driver loop, stats, faults, and generation serving.
+
+`Emulator.chat`, `.completions` and `.generate` decode a body with msgspec, plan it
+(`admission`), submit it to the driver and answer with `streams.Responder`: a Litestar `Stream`,
+or the whole JSON once the job is done (a client that hangs up first aborts it). Errors use the
+shape SGLang uses on that route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import structlog
+from litestar import Litestar, Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+from litestar.types import Receive
+
+from specroute.emulator.admission import Plan, Rejected, chat_plan, completion_plan, generate_plan
+from specroute.emulator.driver import Driver, Job
+from specroute.emulator.engine import Engine
+from specroute.emulator.faults import Faults
+from specroute.emulator.metrics import Stats
+from specroute.emulator.options import EmulatorOptions
+from specroute.emulator.profiles import get_profile
+from specroute.emulator.streams import Reply, Responder
+from specroute.emulator.text import TextSource
+from specroute.emulator.wire import (
+    ChatRequest,
+    CompletionRequest,
+    ErrorResponse,
+    GenerateRequest,
+    StreamOptions,
+    encode,
+)
+
+__all__ = ["Emulator", "json_response", "openai_error"]
+
+log = structlog.get_logger()
+
+FAILED = "Internal server error: emulated failure (--fail-rate)"
+NOT_JSON = "Unsupported Media Type: Only 'application/json' is allowed"
+CLIENT_GONE = 499
+
+
+def json_response(body: Any, status: int = 200) -> Response[bytes]:
+    content = body if isinstance(body, bytes) else encode(body)
+    return Response(content=content, status_code=status, media_type="application/json")
+
+
+def openai_error(message: str, status: int = 400, kind: str = "BadRequestError") -> Response[bytes]:
+    """SGLang's error body on the OpenAI routes; `kind` "Bad Request" for schema errors."""
+    return json_response(ErrorResponse(message=message, type=kind, code=status), status)
+
+
+def _usage_flags(options: StreamOptions | None) -> dict[str, bool]:
+    return {
+        "include_usage": bool(options and options.include_usage),
+        "continuous_usage": bool(options and options.continuous_usage_stats),
+    }
+
+
+class Emulator:
+    """The runtime objects of one emulated server, shared by its route handlers."""
+
+    def __init__(self, options: EmulatorOptions) -> None:
+        profile = get_profile(options.profile)
+        speculative = options.algorithm is not None
+        self.options = options
+        self.served = options.served_model_name
+        self.context_length = profile.context_length
+        self.max_total_num_tokens = 4 * profile.context_length
+        """A nominal KV pool (no GPU to size it): token usage is relative to it."""
+        self.engine = Engine(
+            profile,
+            steps=options.steps,
+            max_running_requests=options.max_running_requests,
+            seed=options.seed,
+            adaptive=options.speculative_adaptive,
+        )
+        self.stats = Stats(
+            model_name=self.served,
+            speculative=speculative,
+            decode_log_interval=options.decode_log_interval,
+            max_total_num_tokens=self.max_total_num_tokens,
+            max_running_requests=self.engine.max_running_requests,
+        )
+        self.driver = Driver(self.engine, self.stats, time_scale=options.time_scale)
+        self.faults = Faults(options)
+        self.responder = Responder(self.driver, self.faults, speculative=speculative)
+        self.startup_time = time.time()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _: Litestar) -> AsyncIterator[None]:
+        self._loop = asyncio.get_running_loop()
+        self.driver.start()
+        self.faults.restart_clock()
+        self.startup_time = time.time()
+        log.info("emulator_ready", note="EMULATED SGLang server: no GPU, no model")
+        try:
+            yield
+        finally:
+            await self.driver.stop()
+            log.info("emulator_stopped")
+
+    def begin_shutdown(self) -> None:
+        """Safe from a signal handler: end every open response on the loop's next turn."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.driver.close)
+
+    @property
+    def ready(self) -> bool:
+        return self.faults.ready and self.driver.alive
+
+    # -- generation routes ----------------------------------------------------------------
+    async def chat(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        req = await self._decode_openai(request, ChatRequest)
+        if isinstance(req, Response):
+            return req
+        try:
+            plan = chat_plan(req, served=self.served, context=self.context_length)
+            job = self._submit(req.rid, plan, stream=req.stream)
+        except Rejected as exc:
+            return openai_error(str(exc), kind=exc.type)
+        except ValueError as exc:
+            return openai_error(str(exc))
+        flags = _usage_flags(req.stream_options)
+        reply = self._reply(job, plan, req.model, want_spec=req.return_spec_tokens_details, **flags)
+        if req.stream:
+            return self._stream(job, self.responder.chat_stream(reply))
+        return await self._answer(request, job, lambda: self.responder.chat_body(reply))
+
+    async def completions(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        req = await self._decode_openai(request, CompletionRequest)
+        if isinstance(req, Response):
+            return req
+        try:
+            plan = completion_plan(req, served=self.served, context=self.context_length)
+            job = self._submit(req.rid, plan, stream=req.stream)
+        except Rejected as exc:
+            return openai_error(str(exc), kind=exc.type)
+        except ValueError as exc:
+            return openai_error(str(exc))
+        echo = req.prompt if req.echo and isinstance(req.prompt, str) else ""
+        flags = _usage_flags(req.stream_options)
+        want_spec = req.return_spec_tokens_details
+        reply = self._reply(job, plan, req.model, want_spec=want_spec, echo=echo, **flags)
+        if req.stream:
+            return self._stream(job, self.responder.completion_stream(reply))
+        return await self._answer(request, job, lambda: self.responder.completion_body(reply))
+
+    async def generate(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        if not self.faults.admit():
+            return json_response({"error": {"message": FAILED}}, 500)
+        try:
+            req = msgspec.json.decode(await request.body(), type=GenerateRequest)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+        try:
+            plan = generate_plan(req, context=self.context_length)
+            job = self._submit(req.rid, plan, stream=req.stream)
+        except ValueError as exc:
+            return json_response({"error": {"message": str(exc)}}, 400)
+        reply = self._reply(job, plan, self.served)
+        if req.stream:
+            return self._stream(job, self.responder.generate_stream(reply))
+        return await self._answer(request, job, lambda: self.responder.generate_body(reply))
+
+    # -- shared steps ---------------------------------------------------------------------
+    async def _decode_openai(self, request: Request[Any, Any, Any], kind: type[Any]) -> Any:
+        """The decoded body, or the response SGLang gives before its handler runs."""
+        if not self.faults.admit():
+            return openai_error(FAILED, 500, "InternalServerError")
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            return openai_error(NOT_JSON, kind="Bad Request")
+        try:
+            return msgspec.json.decode(await request.body(), type=kind)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+
+    def _submit(self, rid: str | None, plan: Plan, *, stream: bool) -> Job:
+        return self.driver.submit(
+            rid or uuid.uuid4().hex,
+            prompt_tokens=plan.prompt_tokens,
+            max_new_tokens=plan.max_new_tokens,
+            klass=plan.klass,
+            ignore_eos=plan.ignore_eos,
+            stream=stream,
+        )
+
+    def _reply(self, job: Job, plan: Plan, model: str, **extra: Any) -> Reply:
+        return Reply(
+            job,
+            TextSource(self.options.seed, plan.prompt_text),
+            model=model,
+            created=int(time.time()),
+            malformed=job.stream and self.faults.malformed_stream(),
+            **extra,
+        )
+
+    def _stream(self, job: Job, chunks: AsyncIterator[bytes]) -> Stream:
+        # The background task releases the job even if the stream never started.
+        release = BackgroundTask(self.driver.release, job)
+        return Stream(chunks, media_type="text/event-stream", background=release)
+
+    async def _answer(
+        self, request: Request[Any, Any, Any], job: Job, body: Callable[[], bytes]
+    ) -> Response[bytes]:
+        """Wait for a non-streaming job; a client that hangs up aborts it."""
+        try:
+            if not await _finished_or_gone(job, request.receive):
+                return Response(content=b"", status_code=CLIENT_GONE)
+            return json_response(body())
+        finally:
+            self.driver.release(job)
+
+
+async def _finished_or_gone(job: Job, receive: Receive) -> bool:
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    finished = asyncio.ensure_future(job.wait_finished())
+    watcher = asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait((finished, watcher), return_when=asyncio.FIRST_COMPLETED)
+        return finished in done
+    finally:
+        finished.cancel()
+        watcher.cancel()

@@ -1,0 +1,183 @@
+"""The emulated SGLang server: a Litestar app over the driver loop, built by `create_app`.
+
+Paths, status codes and bodies follow SGLang 0.5.23's `http_server.py`; generation is served by
+`runtime.Emulator`, which route handlers receive by dependency injection. Run the app with one
+uvicorn worker: the engine lives in this process's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Controller, Litestar, Request, Response, get, post, route
+from litestar.di import Provide
+
+from specroute.emulator import info
+from specroute.emulator.auth import bearer_auth
+from specroute.emulator.options import EmulatorOptions
+from specroute.emulator.runtime import Emulator, json_response, openai_error
+from specroute.emulator.wire import ErrorResponse
+
+__all__ = ["build", "create_app"]
+
+LOAD_SECTIONS = {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
+FLUSHED = (
+    b"Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    b"waiting requests, the operation will not be performed.)\n"
+)
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+HEALTH_TIMEOUT = 20.0
+
+
+class AbortRequest(msgspec.Struct):
+    rid: str = ""
+    abort_all: bool = False
+
+
+def _empty(status: int) -> Response[bytes]:
+    return Response(content=b"", status_code=status, media_type="text/plain")
+
+
+class GenerationRoutes(Controller):
+    """`/v1/chat/completions`, `/v1/completions` and SGLang's native `/generate`."""
+
+    @post("/v1/chat/completions", status_code=200)
+    async def chat(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+        return await emu.chat(request)
+
+    @post("/v1/completions", status_code=200)
+    async def completions(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+        return await emu.completions(request)
+
+    @route("/generate", http_method=["POST", "PUT"], status_code=200)
+    async def generate(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+        return await emu.generate(request)
+
+
+class InfoRoutes(Controller):
+    """What the server says about itself: models, arguments, load and Prometheus metrics."""
+
+    @get("/v1/models")
+    async def models(self, emu: Emulator) -> Response[bytes]:
+        card = info.model_card(emu.served, emu.context_length)
+        return json_response({"object": "list", "data": [card]})
+
+    @get("/v1/models/{model:path}")
+    async def model(self, emu: Emulator, model: str) -> Response[bytes]:
+        name = model.lstrip("/")
+        if name != emu.served:
+            error = {
+                "message": f"The model '{name}' does not exist",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+            return json_response({"error": error}, 404)
+        return json_response(info.model_card(name, emu.context_length))
+
+    @get(["/model_info", "/get_model_info"])
+    async def model_info(self, emu: Emulator) -> Response[bytes]:
+        return json_response(info.model_info(emu.options))
+
+    @get(["/server_info", "/get_server_info"])
+    async def server_info(self, emu: Emulator) -> Response[bytes]:
+        body = info.server_info(
+            emu.options,
+            emu.engine,
+            emu.stats,
+            startup_time=emu.startup_time,
+            max_total_num_tokens=emu.max_total_num_tokens,
+        )
+        return json_response(body)
+
+    @get("/v1/loads")
+    async def loads(
+        self, emu: Emulator, include: str | None = None, format: str | None = None
+    ) -> Response[Any]:
+        sections = {s.strip() for s in include.split(",")} if include else None
+        if sections is not None and not sections <= LOAD_SECTIONS:
+            message = f"Invalid include sections: {sorted(sections - LOAD_SECTIONS)}"
+            return json_response(ErrorResponse(message=message, type="400", code=400), 400)
+        if format == "prometheus":
+            text = emu.stats.loads_prometheus(sections)
+            return Response(content=text, media_type=PROMETHEUS_TYPE)
+        return json_response(emu.stats.loads(sections))
+
+    @get("/metrics")
+    async def metrics(self, emu: Emulator) -> Response[str]:
+        return Response(content=emu.stats.render(), media_type=PROMETHEUS_TYPE)
+
+
+class ControlRoutes(Controller):
+    """Readiness, health, cache flush and aborts."""
+
+    @get("/ready")
+    async def ready(self, emu: Emulator) -> Response[bytes]:
+        return _empty(200 if emu.ready else 503)
+
+    @get(["/health", "/health_generate"])
+    async def health(self, emu: Emulator) -> Response[bytes]:
+        """SGLang runs a one-token generation here; the emulator does too, when idle."""
+        if not emu.ready:
+            return _empty(503)
+        if not emu.engine.idle:
+            return _empty(200)
+        job = emu.driver.submit(
+            f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            prompt_tokens=1,
+            max_new_tokens=1,
+            klass="greedy",
+            ignore_eos=True,
+            stream=False,
+            record=False,
+        )
+        try:
+            await asyncio.wait_for(job.wait_finished(), timeout=HEALTH_TIMEOUT)
+        except TimeoutError:
+            return _empty(503)
+        finally:
+            emu.driver.release(job)
+        return _empty(200)
+
+    @route("/flush_cache", http_method=["GET", "POST"], status_code=200)
+    async def flush_cache(self, emu: Emulator) -> Response[bytes]:
+        if emu.engine.idle:
+            return Response(content=FLUSHED, status_code=200, media_type="text/plain")
+        return Response(content=b"Flush cache failed.\n", status_code=400, media_type="text/plain")
+
+    @post("/abort_request", status_code=200)
+    async def abort_request(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=AbortRequest)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+        rids = list(emu.driver.jobs) if req.abort_all else [req.rid] if req.rid else []
+        for rid in rids:
+            emu.driver.abort(rid)
+        return _empty(200)
+
+
+def create_app(options: EmulatorOptions) -> Litestar:
+    """An SGLang-compatible app driven by the emulated engine; run it with one uvicorn worker."""
+    return build(options)[0]
+
+
+def build(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
+    """The app and its runtime, for callers that must reach the runtime (signal handling)."""
+    emu = Emulator(options)
+
+    def provide() -> Emulator:
+        return emu
+
+    app = Litestar(
+        route_handlers=[GenerationRoutes, InfoRoutes, ControlRoutes],
+        dependencies={"emu": Provide(provide, use_cache=True, sync_to_thread=False)},
+        middleware=[bearer_auth(options.api_key)] if options.api_key else [],
+        lifespan=[emu.lifespan],
+        openapi_config=None,
+        logging_config=None,
+    )
+    return app, emu

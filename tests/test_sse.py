@@ -1,0 +1,72 @@
+"""SSEDecoder gives the same events wherever the network splits the byte stream."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specroute.sse import DONE, SSEDecoder, encode_data
+
+# Payloads without line breaks (SSE data lines cannot hold them) but with JSON-ish bytes,
+# multi-byte UTF-8 and colons, so splits can land inside any of them.
+payloads = st.lists(
+    st.text(
+        alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"),
+        max_size=40,
+    ).map(str.encode),
+    min_size=1,
+    max_size=8,
+)
+line_endings = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+def wire_bytes(events: list[bytes], eol: bytes, comments: bool) -> bytes:
+    out = b""
+    for event in events:
+        if comments:
+            out += b": keep-alive" + eol
+        out += b"data: " + event + eol + eol
+    return out
+
+
+def decode_split(data: bytes, cuts: list[int]) -> list[bytes]:
+    decoder = SSEDecoder()
+    events: list[bytes] = []
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    start = 0
+    for point in [*points, len(data)]:
+        events += decoder.feed(data[start:point])
+        start = point
+    assert not decoder.close()
+    return events
+
+
+@given(payloads, line_endings, st.booleans(), st.lists(st.integers(min_value=0), max_size=20))
+def test_events_do_not_depend_on_where_the_stream_is_split(
+    events: list[bytes], eol: bytes, comments: bool, cuts: list[int]
+) -> None:
+    data = wire_bytes(events, eol, comments)
+    assert decode_split(data, cuts) == events
+
+
+@given(payloads, line_endings)
+def test_byte_by_byte_feeding_equals_one_feed(events: list[bytes], eol: bytes) -> None:
+    data = wire_bytes(events, eol, comments=False)
+    one = SSEDecoder().feed(data)
+    decoder = SSEDecoder()
+    single: list[bytes] = []
+    for i in range(len(data)):
+        single += decoder.feed(data[i : i + 1])
+    assert single == one == events
+
+
+@given(st.lists(st.integers(min_value=0), max_size=10))
+def test_multi_line_data_fields_join_with_newline(cuts: list[int]) -> None:
+    data = b"data: first\r\ndata:second\r\n\r\n" + encode_data(DONE)
+    assert decode_split(data, cuts) == [b"first\nsecond", DONE]
+
+
+def test_unterminated_event_is_dropped_and_reported_on_close() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: complete\n\ndata: partial") == [b"complete"]
+    assert decoder.close() is True
