@@ -1,0 +1,167 @@
+"""One load level's numbers from its request records (pure): throughput the way the seed
+write-up and SGLang's bench_serving define it, latency distributions, and accept length
+measured up to three ways, with warnings where they disagree or the workload flatters them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Sequence
+
+import msgspec
+
+from specroute.bench.client import RequestRecord
+from specroute.bench.stats import Summary, mean, summarize
+from specroute.bench.timing import chunk_accept_length, inter_token_latencies
+
+__all__ = [
+    "ACCEPT_TOLERANCE",
+    "AcceptLengths",
+    "ClassSummary",
+    "LevelSummary",
+    "accept_warnings",
+    "summarize_level",
+]
+
+ACCEPT_TOLERANCE = 0.05
+"""Relative disagreement between accept-length measurements that earns a warning."""
+
+
+class AcceptLengths(msgspec.Struct, kw_only=True):
+    """Tokens per verify step, by source: chunks, per-request `sglext`, `/metrics` deltas, and
+    `/server_info`'s lifetime average (None where the source is not available)."""
+
+    chunks: float | None = None
+    sglext: float | None = None
+    metrics: float | None = None
+    server_info: float | None = None
+
+    def best(self) -> float | None:
+        for value in (self.sglext, self.metrics, self.chunks, self.server_info):
+            if value is not None:
+                return value
+        return None
+
+
+class ClassSummary(msgspec.Struct, kw_only=True):
+    """One traffic class's share of a level (a trace mixes greedy and sampled requests)."""
+
+    requests: int = 0
+    per_request_tok_s: float = 0.0
+    accept: AcceptLengths = msgspec.field(default_factory=AcceptLengths)
+
+
+class LevelSummary(msgspec.Struct, kw_only=True):
+    """Per-request tok/s = mean of 1 / TPOT; aggregate tok/s = completion tokens over the
+    level's wall time (first scheduled send to last finish). Latencies in seconds."""
+
+    requests: int = 0
+    succeeded: int = 0
+    errors: int = 0
+    error_samples: list[str] = []
+    wall_s: float = 0.0
+    request_per_s: float = 0.0
+    completion_tokens: int = 0
+    per_request_tok_s: float = 0.0
+    aggregate_tok_s: float = 0.0
+    ttft: Summary = Summary()
+    tpot: Summary = Summary()
+    itl: Summary = Summary()
+    e2e: Summary = Summary()
+    accept: AcceptLengths = msgspec.field(default_factory=AcceptLengths)
+    token_source: str = ""
+    classes: dict[str, ClassSummary] = {}
+    warnings: list[str] = []
+
+
+def _ratio(tokens: int, steps: int) -> float | None:
+    return tokens / steps if steps > 0 else None
+
+
+def _accept(records: Sequence[RequestRecord]) -> AcceptLengths:
+    chunk_tokens = chunk_steps = sg_tokens = sg_steps = 0
+    for record in records:
+        tokens, steps = chunk_accept_length(record.chunk_tokens)
+        chunk_tokens, chunk_steps = chunk_tokens + tokens, chunk_steps + steps
+        if record.spec_verify_ct:
+            sg_tokens += record.completion_tokens
+            sg_steps += record.spec_verify_ct
+    return AcceptLengths(
+        chunks=_ratio(chunk_tokens, chunk_steps), sglext=_ratio(sg_tokens, sg_steps)
+    )
+
+
+def _per_request_speed(records: Sequence[RequestRecord]) -> float:
+    tpots = [t for t in (r.tpot for r in records) if t is not None and t > 0]
+    return mean([1.0 / t for t in tpots]) if tpots else 0.0
+
+
+def _classes(good: Sequence[RequestRecord]) -> dict[str, ClassSummary]:
+    names = sorted({r.klass for r in good})
+    if len(names) < 2:
+        return {}
+    return {
+        name: ClassSummary(
+            requests=len(members),
+            per_request_tok_s=_per_request_speed(members),
+            accept=_accept(members),
+        )
+        for name in names
+        if (members := [r for r in good if r.klass == name])
+    }
+
+
+def accept_warnings(accept: AcceptLengths) -> list[str]:
+    """One warning per measurement that strays more than 5% from the most exact one."""
+    reference = accept.best()
+    if reference is None or reference <= 0:
+        return []
+    warnings = []
+    for name in ("sglext", "metrics", "chunks"):
+        value = getattr(accept, name)
+        if value is not None and abs(value - reference) / reference > ACCEPT_TOLERANCE:
+            warnings.append(
+                f"accept length disagrees: {name} {value:.2f} vs {reference:.2f} "
+                "(chunks merge under client or proxy load; counters include other traffic)"
+            )
+    return warnings
+
+
+def summarize_level(
+    records: Sequence[RequestRecord],
+    *,
+    metrics_accept: float | None = None,
+    server_info_accept: float | None = None,
+) -> LevelSummary:
+    """The level's row of the results table, from its records and the server's counters."""
+    good = [r for r in records if r.ok]
+    bad = [r for r in records if not r.ok]
+    if not records:
+        return LevelSummary()
+    start = min(r.scheduled for r in records)
+    wall = max(r.finished for r in records) - start
+    tokens = sum(r.completion_tokens for r in good)
+    tpots = [t for t in (r.tpot for r in good) if t is not None and t > 0]
+    itl = [gap for r in good for gap in inter_token_latencies(r.chunk_times, r.chunk_tokens)]
+    accept = _accept(good)
+    accept.metrics, accept.server_info = metrics_accept, server_info_accept
+    sources = Tally(r.token_source for r in good)
+    return LevelSummary(
+        requests=len(records),
+        succeeded=len(good),
+        errors=len(bad),
+        error_samples=sorted({r.error or "empty reply" for r in bad})[:3],
+        wall_s=wall,
+        request_per_s=len(good) / wall if wall > 0 else 0.0,
+        completion_tokens=tokens,
+        per_request_tok_s=_per_request_speed(good),
+        aggregate_tok_s=tokens / wall if wall > 0 else 0.0,
+        ttft=summarize([t for t in (r.ttft for r in good) if t is not None]),
+        tpot=summarize(tpots),
+        itl=summarize(itl),
+        e2e=summarize([r.e2e for r in good]),
+        accept=accept,
+        token_source=sources.most_common(1)[0][0] if sources else "",
+        classes=_classes(good),
+        warnings=accept_warnings(accept),
+    )

@@ -1,0 +1,92 @@
+"""The `specroute bench` command line: sweep writes its outputs, compare and profile read them
+back, Poisson and multi-process load work, bad input exits 2."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from servers import start_emulator
+
+from specroute.bench import PromptSettings, Sampling, SweepSettings, parse_target, run_sweep
+from specroute.bench.loadgen import poisson_arrivals
+from specroute.cli import main
+
+
+def test_sweep_command_writes_json_csv_markdown_plots_then_compare_and_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run.json"
+    with start_emulator(2, "--seed", "4", "--time-scale", "10") as server:
+        status = main(
+            [
+                "bench",
+                "sweep",
+                f"steps2={server.url}",
+                "-c",
+                "1,2",
+                "--max-tokens",
+                "16",
+                "--prompt-words",
+                "8",
+                "--json",
+                str(out),
+                "--csv",
+                str(tmp_path / "run.csv"),
+                "--markdown",
+                str(tmp_path / "run.md"),
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+    assert status == 0
+    table = capsys.readouterr().out
+    assert "Per-request tok/s" in table
+    assert "steps2" in table
+    assert (tmp_path / "plots" / "throughput.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "latency.png").exists()
+    assert "steps2" in (tmp_path / "run.csv").read_text()
+    assert main(["bench", "compare", str(out), str(out)]) == 0
+    assert "(x1.00)" in capsys.readouterr().out
+    profile = tmp_path / "profile.json"
+    assert main(["bench", "profile", str(out), "-o", str(profile)]) == 0
+    data = json.loads(profile.read_text())
+    assert data["schema"] == "specroute.bench-profile/1"
+    assert data["targets"][0]["steps"] == 2
+    assert [p["concurrency"] for p in data["targets"][0]["points"]] == [1, 2]
+
+
+def test_sweep_with_a_bad_extra_body_exits_two() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "sweep", "http://127.0.0.1:9", "--extra-body", "[1]"])
+    assert exc.value.code == 2
+
+
+def test_poisson_arrivals_are_reproducible_and_average_the_rate() -> None:
+    times = poisson_arrivals(50.0, start=0.0, count=2000, duration=None, seed=1)
+    assert times == poisson_arrivals(50.0, start=0.0, count=2000, duration=None, seed=1)
+    assert 45 < len(times) / times[-1] < 55
+    assert all(b > a for a, b in itertools.pairwise(times))
+
+
+def test_open_loop_and_worker_processes_complete_every_request() -> None:
+    with start_emulator(3, "--seed", "6", "--time-scale", "10") as server:
+        base = {
+            "targets": [parse_target(server.url)],
+            "prompts": PromptSettings(words=8),
+            "mix": [Sampling(max_tokens=16)],
+            "warmup": 0,
+        }
+        poisson = asyncio.run(run_sweep(SweepSettings(rates=[40.0], requests=12, **base)))
+        spread = asyncio.run(
+            run_sweep(SweepSettings(concurrency=[4], requests=8, workers=2, **base))
+        )
+    assert poisson.levels[0].rate == 40.0
+    assert poisson.levels[0].summary.succeeded == 12
+    level = spread.levels[0]
+    assert level.summary.succeeded == 8
+    assert level.client.workers == 2
+    assert len({r.index for r in level.records}) == 8
