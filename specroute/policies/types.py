@@ -1,0 +1,100 @@
+"""What a policy sees and says: the request's features, a read-only pool view, its decision,
+and the outcome it learns from. Plain data, no I/O."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+__all__ = [
+    "BackendView",
+    "Decision",
+    "Outcome",
+    "Policy",
+    "PoolView",
+    "RouteRequest",
+]
+
+
+class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The routing features of one request; the body itself never reaches a policy."""
+
+    route: str
+    model: str | None
+    workload_class: str
+    stream: bool
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int = 1
+
+
+class BackendView(msgspec.Struct, frozen=True, kw_only=True):
+    """One backend as the pool knows it right now. `steps` is the active depth (it follows an
+    adaptive server's switches when its metrics report them); estimates are None until known."""
+
+    name: str
+    url: str
+    model: str | None
+    steps: int | None
+    algorithm: str | None
+    adaptive: bool
+    capacity: int | None
+    limit: int | None
+    healthy: bool
+    in_flight: int
+    running: int | None = None
+    queued: int | None = None
+    accept_length: float | None = None
+    gen_throughput: float | None = None
+
+
+class PoolView(msgspec.Struct, frozen=True, kw_only=True):
+    """The backends this request may be sent to (healthy, circuit closed, below their limit,
+    serving its model), in the pool's configured order; never empty when a policy is asked."""
+
+    backends: tuple[BackendView, ...]
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    """The chosen backend (by name) and a short reason, logged and counted."""
+
+    backend: str
+    reason: str
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What happened to one routed request, reported once its reply has ended for any reason."""
+
+    backend: str
+    steps: int | None
+    workload_class: str
+    status: int
+    stream: bool
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    chunks: int = 0
+    verify_count: int | None = None
+    accept_length: float | None = None
+    ttft_s: float | None = None
+    chunk_gaps_s: tuple[float, ...] = ()
+    duration_s: float = 0.0
+    in_flight_at_start: int = 0
+    error: str | None = None
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A routing policy: pure, non-blocking, microseconds per call."""
+
+    name: str
+
+    def choose(self, request: RouteRequest, view: PoolView) -> Decision:
+        """Pick one backend of `view.backends` for `request`."""
+        ...
+
+    def observe(self, outcome: Outcome) -> None:
+        """Learn from a finished request."""
+        ...

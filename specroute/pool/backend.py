@@ -1,0 +1,140 @@
+"""One backend's live state: what discovery learned, health with thresholds, load, breaker."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
+from specroute.policies import BackendView
+from specroute.pool.breaker import CircuitBreaker
+from specroute.pool.promtext import BackendMetrics
+
+__all__ = ["Backend"]
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class Backend:
+    """Mutable state of one SGLang server, owned by the pool; policies see `view()` only."""
+
+    def __init__(
+        self,
+        config: BackendConfig,
+        *,
+        health: HealthConfig,
+        admission: AdmissionConfig,
+        breaker: BreakerConfig,
+    ) -> None:
+        self.config = config
+        self.name = config.label
+        self.url = config.url.rstrip("/")
+        self.auth_headers: list[tuple[bytes, bytes]] = (
+            [(b"authorization", b"Bearer " + config.api_key.encode())] if config.api_key else []
+        )
+        self._health = health
+        self._overcommit = admission.overcommit
+        self.breaker = CircuitBreaker(breaker.failure_threshold, breaker.open_s)
+        self.healthy = False
+        self.needs_discovery = True
+        self._ok_streak = 0
+        self._fail_streak = 0
+        self.in_flight = 0
+        self.server_info: dict[str, Any] | None = None
+        self.model_cards: tuple[dict[str, Any], ...] = ()
+        self.model: str | None = None
+        self.configured_steps: int | None = None
+        self.algorithm: str | None = None
+        self.adaptive = False
+        self.capacity: int | None = None
+        self.metrics = BackendMetrics()
+
+    # Discovery ---------------------------------------------------------------------------
+    def apply_server_info(self, info: dict[str, Any]) -> None:
+        """Depth, algorithm, capacity and model from SGLang's /server_info."""
+        self.server_info = info
+        algorithm = info.get("speculative_algorithm")
+        self.algorithm = algorithm if isinstance(algorithm, str) else None
+        steps = _int_or_none(info.get("speculative_num_steps"))
+        self.configured_steps = steps if self.algorithm else 0
+        self.adaptive = bool(info.get("speculative_adaptive"))
+        self.capacity = _int_or_none(info.get("max_running_requests"))
+        name = info.get("served_model_name") or info.get("model_path")
+        self.model = name if isinstance(name, str) else self.model
+        self.needs_discovery = False
+
+    def apply_models(self, body: dict[str, Any]) -> None:
+        cards = body.get("data")
+        if isinstance(cards, list):
+            self.model_cards = tuple(c for c in cards if isinstance(c, dict) and "id" in c)
+
+    @property
+    def models(self) -> set[str]:
+        names = {str(c["id"]) for c in self.model_cards}
+        if self.model:
+            names.add(self.model)
+        return names
+
+    @property
+    def steps(self) -> int | None:
+        """The active depth: an adaptive server's metrics follow its switches."""
+        if self.adaptive and self.metrics.steps is not None:
+            return round(self.metrics.steps)
+        return self.configured_steps
+
+    @property
+    def limit(self) -> int | None:
+        if self.config.max_in_flight is not None:
+            return self.config.max_in_flight
+        if self.capacity is None:
+            return None
+        return math.ceil(self.capacity * self._overcommit)
+
+    # Health ------------------------------------------------------------------------------
+    def on_probe(self, ok: bool) -> str | None:
+        """Count one /ready result; return "up" or "down" when the state flips."""
+        if ok:
+            self._ok_streak += 1
+            self._fail_streak = 0
+            if not self.healthy and self._ok_streak >= self._health.success_threshold:
+                self.healthy = True
+                self.needs_discovery = True
+                self.breaker.reset()
+                return "up"
+        else:
+            self._fail_streak += 1
+            self._ok_streak = 0
+            if self.healthy and self._fail_streak >= self._health.failure_threshold:
+                self.healthy = False
+                return "down"
+        return None
+
+    def available(self, now: float) -> bool:
+        """Healthy, circuit allowing, and below its in-flight limit."""
+        limit = self.limit
+        return (
+            self.healthy and (limit is None or self.in_flight < limit) and self.breaker.allows(now)
+        )
+
+    def view(self) -> BackendView:
+        m = self.metrics
+        info_states = (self.server_info or {}).get("internal_states") or [{}]
+        lifetime = info_states[0].get("avg_spec_accept_length") if info_states else None
+        return BackendView(
+            name=self.name,
+            url=self.url,
+            model=self.model,
+            steps=self.steps,
+            algorithm=self.algorithm,
+            adaptive=self.adaptive,
+            capacity=self.capacity,
+            limit=self.limit,
+            healthy=self.healthy,
+            in_flight=self.in_flight,
+            running=None if m.running is None else round(m.running),
+            queued=None if m.queued is None else round(m.queued),
+            accept_length=m.accept_length if m.accept_length is not None else lifetime,
+            gen_throughput=m.gen_throughput,
+        )

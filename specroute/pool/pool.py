@@ -1,0 +1,192 @@
+"""The pool: backends from config, their background watch (health, discovery, metrics), the
+candidates for a request, and in-flight leases that always come back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+import structlog
+
+from specroute.config import Config
+from specroute.policies import PoolView
+from specroute.pool.backend import Backend
+from specroute.pool.client import UpstreamClient, UpstreamFailure
+from specroute.pool.promtext import parse_metrics
+
+__all__ = ["Lease", "Pool"]
+
+log = structlog.get_logger()
+_json = msgspec.json.Decoder(dict[str, Any])
+
+
+class Lease:
+    """One request's claim on a backend; `release()` is idempotent and must run in `finally`."""
+
+    __slots__ = ("_pool", "backend", "in_flight_at_start", "released")
+
+    def __init__(self, pool: Pool, backend: Backend) -> None:
+        self._pool = pool
+        self.backend = backend
+        backend.in_flight += 1
+        backend.breaker.on_send()
+        self.in_flight_at_start = backend.in_flight
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.backend.in_flight -= 1
+            self._pool.notify()
+
+
+class Pool:
+    """Backends plus the tasks that keep their state fresh."""
+
+    def __init__(self, config: Config, client: UpstreamClient) -> None:
+        self._config = config
+        self.client = client
+        self.backends = tuple(
+            Backend(
+                b,
+                health=config.health,
+                admission=config.admission,
+                breaker=config.breaker,
+            )
+            for b in config.backends
+        )
+        self.by_name = {b.name: b for b in self.backends}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()
+
+    # Lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Probe every backend once (so /ready is right at once), then watch in background."""
+        async with asyncio.TaskGroup() as group:
+            for backend in self.backends:
+                group.create_task(self._first_look(backend))
+        self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    # Requests ----------------------------------------------------------------------------
+    def candidates(self, model: str | None, exclude: Iterable[str] = ()) -> list[Backend]:
+        """Backends this request may go to right now."""
+        now = time.monotonic()
+        skip = set(exclude)
+        return [
+            b
+            for b in self.backends
+            if b.name not in skip and b.available(now) and (model is None or _serves(b, model))
+        ]
+
+    def healthy(self, model: str | None = None) -> list[Backend]:
+        return [b for b in self.backends if b.healthy and (model is None or _serves(b, model))]
+
+    def view(self, backends: Iterable[Backend]) -> PoolView:
+        return PoolView(backends=tuple(b.view() for b in backends))
+
+    def lease(self, backend: Backend) -> Lease:
+        return Lease(self, backend)
+
+    def known_models(self) -> set[str]:
+        return set().union(*(b.models for b in self.backends)) if self.backends else set()
+
+    def notify(self) -> None:
+        """Wake requests waiting for a free slot."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Return when a slot frees or health changes, or after `timeout_s` seconds."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
+
+    # Background watch --------------------------------------------------------------------
+    async def _first_look(self, backend: Backend) -> None:
+        for _ in range(self._config.health.success_threshold):
+            await self._probe(backend)
+        if backend.healthy:
+            await self._discover(backend)
+
+    async def _watch(self, backend: Backend) -> None:
+        health = self._config.health
+        next_discovery = time.monotonic() + health.discovery_interval_s
+        next_scrape = 0.0
+        while True:
+            await asyncio.sleep(health.interval_s)
+            try:
+                await self._probe(backend)
+                now = time.monotonic()
+                if backend.healthy and (backend.needs_discovery or now >= next_discovery):
+                    await self._discover(backend)
+                    next_discovery = now + health.discovery_interval_s
+                if backend.healthy and now >= next_scrape:
+                    await self._scrape(backend)
+                    next_scrape = now + health.metrics_interval_s
+            except Exception:  # the watch must outlive any one bad reply; log and go on
+                log.exception("backend_watch_failed", backend=backend.name)
+
+    async def _get(self, backend: Backend, path: str) -> tuple[int, bytes]:
+        return await self.client.get(
+            backend.url + path,
+            timeout_s=self._config.health.timeout_s,
+            headers=backend.auth_headers,
+        )
+
+    async def _probe(self, backend: Backend) -> None:
+        try:
+            status, _ = await self._get(backend, "/ready")
+            ok = status == 200
+        except UpstreamFailure:
+            ok = False
+        flip = backend.on_probe(ok)
+        if flip is not None:
+            event = "backend_up" if flip == "up" else "backend_down"
+            log.info(event, backend=backend.name, url=backend.url)
+            self.notify()
+
+    async def _discover(self, backend: Backend) -> None:
+        try:
+            status, body = await self._get(backend, "/server_info")
+            if status == 200:
+                backend.apply_server_info(_json.decode(body))
+            status, body = await self._get(backend, "/v1/models")
+            if status == 200:
+                backend.apply_models(_json.decode(body))
+        except (UpstreamFailure, msgspec.DecodeError) as exc:
+            log.warning("discovery_failed", backend=backend.name, error=str(exc))
+            return
+        log.info(
+            "backend_discovered",
+            backend=backend.name,
+            model=backend.model,
+            steps=backend.steps,
+            algorithm=backend.algorithm,
+            adaptive=backend.adaptive,
+            capacity=backend.capacity,
+        )
+
+    async def _scrape(self, backend: Backend) -> None:
+        try:
+            status, body = await self._get(backend, "/metrics")
+        except UpstreamFailure:
+            return
+        if status == 200:
+            backend.metrics = parse_metrics(body.decode("utf-8", "replace"))
+
+
+def _serves(backend: Backend, model: str) -> bool:
+    models = backend.models
+    return not models or model in models

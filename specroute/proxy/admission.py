@@ -1,0 +1,73 @@
+"""Admission: pick a backend through the policy, or wait in a bounded queue while every
+backend is at its in-flight limit; a full queue answers 429, a long wait 503."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+
+from specroute.config import AdmissionConfig
+from specroute.errors import NoHealthyBackendError, QueueFullError, QueueTimeoutError
+from specroute.policies import Decision, Policy, RouteRequest
+from specroute.pool import Backend, Lease, Pool
+
+__all__ = ["Admission"]
+
+# Waiters re-check at least this often: an open circuit closes by time, not by an event.
+_RECHECK_S = 0.5
+
+
+class Admission:
+    def __init__(self, pool: Pool, config: AdmissionConfig) -> None:
+        self._pool = pool
+        self._config = config
+        self.waiting = 0
+
+    async def admit(
+        self, request: RouteRequest, policy: Policy, tried: Collection[str] = ()
+    ) -> tuple[Lease, Decision]:
+        """A lease on the backend the policy chose, preferring backends not `tried` yet."""
+        candidates = self._candidates(request.model, tried)
+        if not candidates:
+            candidates = await self._wait(request.model, tried)
+        decision = policy.choose(request, self._pool.view(candidates))
+        backend = self._pool.by_name.get(decision.backend)
+        if backend is None or backend not in candidates:
+            backend = candidates[0]
+            decision = Decision(
+                backend=backend.name, reason=f"policy chose {decision.backend!r}, unavailable"
+            )
+        return self._pool.lease(backend), decision
+
+    def _candidates(self, model: str | None, tried: Collection[str]) -> list[Backend]:
+        candidates = self._pool.candidates(model, exclude=tried)
+        if not candidates and tried:
+            candidates = self._pool.candidates(model)
+        return candidates
+
+    async def _wait(self, model: str | None, tried: Collection[str]) -> list[Backend]:
+        retry_after = self._config.retry_after_s
+        if not self._pool.healthy(model):
+            raise NoHealthyBackendError("no healthy backend", retry_after=retry_after)
+        if self.waiting >= self._config.queue_size:
+            raise QueueFullError(
+                "every backend is at its limit and the wait queue is full",
+                retry_after=retry_after,
+            )
+        deadline = time.monotonic() + self._config.queue_timeout_s
+        self.waiting += 1
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise QueueTimeoutError(
+                        "timed out waiting for a free backend", retry_after=retry_after
+                    )
+                await self._pool.wait_changed(min(remaining, _RECHECK_S))
+                candidates = self._candidates(model, tried)
+                if candidates:
+                    return candidates
+                if not self._pool.healthy(model):
+                    raise NoHealthyBackendError("no healthy backend", retry_after=retry_after)
+        finally:
+            self.waiting -= 1

@@ -1,0 +1,54 @@
+"""API and admin keys: Bearer tokens compared in constant time; keys are never logged."""
+
+from __future__ import annotations
+
+import hmac
+
+from specroute.errors import AuthenticationError, PermissionDeniedError
+
+__all__ = ["Auth"]
+
+
+def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
+    found = False
+    for key in keys:  # no early exit: the time taken does not depend on which key matched
+        found |= hmac.compare_digest(given, key)
+    return found
+
+
+def _bearer(authorization: bytes | None) -> bytes | None:
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" and token else None
+
+
+class Auth:
+    """Checks the `Authorization: Bearer KEY` header; open when no API keys are set."""
+
+    __slots__ = ("_admin", "_keys", "required")
+
+    def __init__(self, api_keys: tuple[str, ...], admin_key: str | None) -> None:
+        self._admin = (admin_key.encode(),) if admin_key else ()
+        self._keys = tuple(k.encode() for k in api_keys) + self._admin
+        self.required = bool(api_keys)
+
+    def check(self, authorization: bytes | None) -> None:
+        """API routes: any API key (or the admin key) when API keys are configured."""
+        if not self.required:
+            return
+        token = _bearer(authorization)
+        if token is None:
+            raise AuthenticationError("missing API key: send `Authorization: Bearer KEY`")
+        if not _matches(token, self._keys):
+            raise AuthenticationError("invalid API key")
+
+    def check_admin(self, authorization: bytes | None) -> None:
+        """Admin routes (PUT /policy): only the admin key; refused when none is configured."""
+        if not self._admin:
+            raise PermissionDeniedError("admin API disabled: configure admin_key")
+        token = _bearer(authorization)
+        if token is None:
+            raise AuthenticationError("missing admin key: send `Authorization: Bearer KEY`")
+        if not _matches(token, self._admin):
+            raise AuthenticationError("invalid admin key")

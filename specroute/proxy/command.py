@@ -1,0 +1,90 @@
+"""`specroute serve`: run the proxy in front of a pool of SGLang servers."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from specroute.config import Config, load_config
+from specroute.errors import ConfigError
+from specroute.logs import configure_logging
+from specroute.policies import UnknownPolicyError, available
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the routing proxy",
+        description=(
+            "Serve an OpenAI-compatible API that routes each request across SGLang backends. "
+            "Settings come from --config (TOML), then SPECROUTE_* environment variables "
+            "(nested fields with __, e.g. SPECROUTE_TIMEOUTS__IDLE_S), then these flags."
+        ),
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    parser.add_argument(
+        "--backend", action="append", metavar="URL", help="backend base URL (repeatable)"
+    )
+    parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    parser.add_argument("--policy", metavar="NAME", help="routing policy (default least_loaded)")
+    parser.add_argument(
+        "--api-key", action="append", metavar="KEY", help="accepted client key (repeatable)"
+    )
+    parser.add_argument("--admin-key", metavar="KEY", help="key for PUT /policy")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(run=run)
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """Merge file, environment and flags; raise ConfigError naming the bad field."""
+    overrides = {
+        "backends": [{"url": url} for url in args.backend] if args.backend else None,
+        "host": args.host,
+        "port": args.port,
+        "policy": args.policy,
+        "api_keys": args.api_key,
+        "admin_key": args.admin_key,
+        "log_level": args.log_level,
+    }
+    config = load_config(args.config, environ=os.environ, overrides=overrides)
+    if not config.backends:
+        raise ConfigError(
+            "invalid configuration: no backends - at `$.backends` (use --backend URL)"
+        )
+    if config.policy not in available():
+        choices = ", ".join(sorted(available()))
+        raise ConfigError(
+            f"invalid configuration: unknown policy {config.policy!r} "
+            f"(choose one of: {choices}) - at `$.policy`"
+        )
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = build_config(args)
+    except (ConfigError, UnknownPolicyError) as exc:
+        print(f"specroute serve: {exc}", file=sys.stderr)
+        return 2
+    import uvicorn  # only the serve command needs the server
+
+    from specroute.proxy.app import create_app  # keeps `--help` fast
+
+    configure_logging(config.log_level)
+    uvicorn.run(
+        create_app(config),
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    return 0

@@ -1,0 +1,119 @@
+"""Answers about the pool as a whole: /v1/models, /server_info, /model_info and /pool, so that
+SGLang's own tools (sglang.bench_serving) work through the proxy."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+
+from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
+from specroute.pool import Backend, UpstreamFailure
+from specroute.proxy.state import ProxyState
+
+__all__ = ["model_list", "pool_info", "proxied_info", "server_info"]
+
+_json = msgspec.json.Decoder(dict[str, Any])
+
+
+def model_list(state: ProxyState) -> dict[str, Any]:
+    """The union of the backends' model cards, one per model id."""
+    cards: dict[str, dict[str, Any]] = {}
+    for backend in state.pool.backends:
+        for card in backend.model_cards:
+            cards.setdefault(str(card["id"]), card)
+        if backend.model and backend.model not in cards:
+            cards[backend.model] = {
+                "id": backend.model,
+                "object": "model",
+                "created": int(state.started),
+                "owned_by": "sglang",
+                "root": backend.model,
+                "parent": None,
+            }
+    return {"object": "list", "data": list(cards.values())}
+
+
+def pool_info(state: ProxyState) -> dict[str, Any]:
+    backends = []
+    for backend in state.pool.backends:
+        view = msgspec.structs.asdict(backend.view())
+        view["breaker"] = backend.breaker.state.value
+        backends.append(view)
+    return {
+        "policy": state.policy.name,
+        "waiting": state.admission.waiting,
+        "backends": backends,
+    }
+
+
+async def _fetch(state: ProxyState, backend: Backend, path: str) -> bytes | None:
+    try:
+        status, body = await state.client.get(
+            backend.url + path,
+            timeout_s=state.config.health.timeout_s,
+            headers=backend.auth_headers,
+        )
+    except UpstreamFailure:
+        return None
+    return body if status == 200 else None
+
+
+async def proxied_info(state: ProxyState, path: str) -> bytes:
+    """The first healthy backend's answer (every backend serves the same model)."""
+    healthy = state.pool.healthy()
+    if not healthy:
+        raise NoHealthyBackendError("no healthy backend", retry_after=1)
+    for backend in healthy:
+        body = await _fetch(state, backend, path)
+        if body is not None:
+            return body
+    raise UpstreamUnavailableError(f"no backend answered {path}")
+
+
+async def server_info(state: ProxyState) -> dict[str, Any]:
+    """One backend's /server_info, with `internal_states[0]` describing the whole pool: its
+    `avg_spec_accept_length` is the mean over backends weighted by their generated tokens."""
+    healthy = state.pool.healthy()
+    if not healthy:
+        raise NoHealthyBackendError("no healthy backend", retry_after=1)
+    async with asyncio.TaskGroup() as group:
+        tasks = [(b, group.create_task(_fetch(state, b, "/server_info"))) for b in healthy]
+    infos: list[tuple[Backend, dict[str, Any]]] = []
+    for backend, task in tasks:
+        body = task.result()
+        if body is not None:
+            try:
+                infos.append((backend, _json.decode(body)))
+            except msgspec.DecodeError:
+                continue
+    if not infos:
+        raise UpstreamUnavailableError("no backend answered /server_info")
+    base = dict(infos[0][1])
+    states = [_first_state(info) for _, info in infos]
+    base["internal_states"] = [_pool_state(infos, states), *states]
+    base["specroute"] = {"backends": [b.name for b, _ in infos], "policy": state.policy.name}
+    return base
+
+
+def _first_state(info: dict[str, Any]) -> dict[str, Any]:
+    states = info.get("internal_states")
+    return dict(states[0]) if isinstance(states, list) and states else {}
+
+
+def _pool_state(
+    infos: list[tuple[Backend, dict[str, Any]]], states: list[dict[str, Any]]
+) -> dict[str, Any]:
+    merged = dict(states[0])
+    weighted = [
+        (float(s["avg_spec_accept_length"]), b.metrics.generation_tokens or 1.0)
+        for (b, _), s in zip(infos, states, strict=True)
+        if isinstance(s.get("avg_spec_accept_length"), int | float)
+    ]
+    if weighted:
+        total = sum(w for _, w in weighted)
+        merged["avg_spec_accept_length"] = sum(v * w for v, w in weighted) / total
+    throughputs = [s.get("last_gen_throughput") for s in states]
+    merged["last_gen_throughput"] = sum(t for t in throughputs if isinstance(t, int | float))
+    return merged

@@ -1,0 +1,40 @@
+"""The proxy's runtime objects, built in the app's lifespan and passed explicitly."""
+
+from __future__ import annotations
+
+import time
+
+from specroute.config import Config
+from specroute.policies import Policy, create
+from specroute.pool import Pool, UpstreamClient
+from specroute.proxy.admission import Admission
+from specroute.proxy.auth import Auth
+from specroute.proxy.metrics import ProxyMetrics
+
+__all__ = ["ProxyState"]
+
+
+class ProxyState:
+    """Config, the upstream client, the pool, the current policy, admission, auth, metrics."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.client = UpstreamClient(config.timeouts, config.client)
+        self.pool = Pool(config, self.client)
+        self.policy: Policy = create(config.policy)
+        self.admission = Admission(self.pool, config.admission)
+        self.auth = Auth(config.api_keys, config.admin_key)
+        self.metrics = ProxyMetrics()
+        self.started = time.time()  # wall clock only for `created` in /v1/models
+
+    def switch_policy(self, name: str) -> Policy:
+        """Replace the policy at run time; requests already routed are unaffected."""
+        self.policy = create(name)
+        return self.policy
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def stop(self) -> None:
+        await self.pool.stop()
+        await self.client.aclose()

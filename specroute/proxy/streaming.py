@@ -1,0 +1,182 @@
+"""Reading a reply on its way through: split a stream into events, drop the extras the client
+did not ask for, forward every other event byte for byte, and measure what learning needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from specroute.proxy.fields import Extras
+
+__all__ = ["ReplyMeter", "StreamRelay", "strip_reply"]
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class SpecDetails(msgspec.Struct):
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
+
+
+class SglExt(msgspec.Struct):
+    spec_tokens_details: SpecDetails | None = None
+
+
+class MetaInfo(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    spec_accept_length: float | None = None
+
+
+class Chunk(msgspec.Struct):
+    choices: list[msgspec.Raw] = []
+    usage: Usage | None = None
+    sglext: SglExt | None = None
+    meta_info: MetaInfo | None = None
+    error: msgspec.Raw = msgspec.Raw()
+
+
+_chunk = msgspec.json.Decoder(Chunk)
+_any = msgspec.json.Decoder(dict[str, Any])
+
+
+class ReplyMeter:
+    """Tokens and speculative statistics seen in a reply (streamed or whole)."""
+
+    __slots__ = ("accept_length", "completion_tokens", "error", "prompt_tokens", "verify_ct")
+
+    def __init__(self) -> None:
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.verify_ct: int | None = None
+        self.accept_length: float | None = None
+        self.error: str | None = None
+
+    def take(self, chunk: Chunk) -> None:
+        if chunk.usage is not None:
+            self.prompt_tokens = chunk.usage.prompt_tokens
+            self.completion_tokens = chunk.usage.completion_tokens
+        details = chunk.sglext.spec_tokens_details if chunk.sglext else None
+        if details is not None:
+            self.verify_ct = details.spec_verify_ct
+            self.accept_length = details.spec_accept_length
+        meta = chunk.meta_info
+        if meta is not None:
+            self.prompt_tokens = meta.prompt_tokens
+            self.completion_tokens = meta.completion_tokens
+            self.verify_ct = meta.spec_verify_ct
+            self.accept_length = meta.spec_accept_length
+        error = bytes(chunk.error)
+        if error and error != b"null":
+            self.error = error.decode("utf-8", "replace")[:200]
+
+
+def _interesting(event: bytes) -> bool:
+    return (
+        b'"usage"' in event
+        or b'"sglext"' in event
+        or b'"meta_info"' in event
+        or (b'"error"' in event)
+    )
+
+
+class StreamRelay:
+    """Feed upstream bytes; get back the bytes to forward (whole events only)."""
+
+    __slots__ = (
+        "_buffer",
+        "_extras",
+        "_last",
+        "_started",
+        "chunks",
+        "gaps",
+        "meter",
+        "saw_done",
+        "ttft",
+    )
+
+    def __init__(self, extras: Extras, started: float) -> None:
+        self._extras = extras
+        self._buffer = b""
+        self._started = started
+        self._last: float | None = None
+        self.chunks = 0
+        self.gaps: list[float] = []
+        self.ttft: float | None = None
+        self.meter = ReplyMeter()
+        self.saw_done = False
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        buffer = self._buffer + data if self._buffer else data
+        out: list[bytes] = []
+        start = 0
+        while True:
+            end = buffer.find(b"\n\n", start)
+            if end == -1:
+                break
+            event = buffer[start : end + 2]
+            start = end + 2
+            if self._keep(event, now):
+                out.append(event)
+        self._buffer = buffer[start:]
+        return b"".join(out) if len(out) != 1 else out[0]
+
+    def rest(self) -> bytes:
+        """An unterminated tail at the end of the stream, passed on as it came."""
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _keep(self, event: bytes, now: float) -> bool:
+        payload = event[6:-2].rstrip(b"\r") if event.startswith(b"data: ") else None
+        if payload is None:
+            return True  # comments, `event:` lines and other non-data events pass untouched
+        if payload == b"[DONE]":
+            self.saw_done = True
+            return True
+        chunk = _decode(payload) if _interesting(event) else None
+        if chunk is not None:
+            self.meter.take(chunk)
+        if chunk is None or chunk.choices or chunk.meta_info is not None:
+            self._tick(now)
+            return True
+        extra_usage = chunk.usage is not None
+        extra_sglext = chunk.sglext is not None
+        if not (extra_usage or extra_sglext):
+            return True
+        return not (
+            (not extra_usage or self._extras.strip_usage)
+            and (not extra_sglext or self._extras.strip_sglext)
+        )
+
+    def _tick(self, now: float) -> None:
+        self.chunks += 1
+        if self._last is None:
+            self.ttft = now - self._started
+        else:
+            self.gaps.append(now - self._last)
+        self._last = now
+
+
+def _decode(payload: bytes) -> Chunk | None:
+    try:
+        return _chunk.decode(payload)
+    except msgspec.DecodeError:
+        return None
+
+
+def strip_reply(body: bytes, extras: Extras, meter: ReplyMeter) -> bytes:
+    """A whole (non-streamed) reply: measure it, and remove `sglext` if the client did not ask."""
+    chunk = _decode(body)
+    if chunk is None:
+        return body
+    meter.take(chunk)
+    if not (extras.strip_sglext and chunk.sglext is not None):
+        return body
+    data = _any.decode(body)
+    data.pop("sglext", None)
+    return msgspec.json.encode(data)

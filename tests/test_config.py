@@ -1,0 +1,77 @@
+"""Configuration: file, then SPECROUTE_* environment, then flags; bad input names the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specroute.config import load_config
+from specroute.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "specroute.toml"
+    path.write_text(text)
+    return path
+
+
+def test_file_values_are_read(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        'policy = "round_robin"\nport = 9001\nbackends = ["http://a:1", {url = "http://b:2", '
+        'name = "deep"}]\n[timeouts]\nidle_s = 7\n',
+    )
+    config = load_config(path)
+    assert config.policy == "round_robin"
+    assert config.port == 9001
+    assert [b.label for b in config.backends] == ["a:1", "deep"]
+    assert config.timeouts.idle_s == 7
+
+
+def test_environment_overrides_file_and_flags_override_environment(tmp_path: Path) -> None:
+    path = _write(tmp_path, "port = 9001\n[retry]\nmax_attempts = 5\n")
+    env = {
+        "SPECROUTE_PORT": "9002",
+        "SPECROUTE_RETRY__MAX_ATTEMPTS": "2",
+        "SPECROUTE_BACKENDS": "http://x:1, http://y:2",
+        "SPECROUTE_TEST_QUIET": "1",  # belongs to someone else: ignored
+    }
+    config = load_config(path, environ=env, overrides={"port": 9003})
+    assert config.port == 9003
+    assert config.retry.max_attempts == 2
+    assert [b.url for b in config.backends] == ["http://x:1", "http://y:2"]
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "path"),
+    [
+        ('backends = [{url = "http://a:1"}, {url = "ftp://b"}]', {}, "$.backends[1]"),
+        ("[timeouts]\nidle_s = -1", {}, "$.timeouts.idle_s"),
+        ("bogus = 1", {}, "bogus"),
+        ("", {"SPECROUTE_PORT": "eighty"}, "$.port"),
+        ('backends = [{url = "http://a:1", colour = "red"}]', {}, "$.backends[0]"),
+    ],
+)
+def test_bad_config_names_the_field(
+    tmp_path: Path, text: str, env: dict[str, str], path: str
+) -> None:
+    with pytest.raises(
+        ConfigError, match=path.replace("$", r"\$").replace("[", r"\[").replace("]", r"\]")
+    ):
+        load_config(_write(tmp_path, text), environ=env)
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(_write(tmp_path, "port = = 3"))
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_duplicate_backend_names_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="unique"):
+        load_config(overrides={"backends": [{"url": "http://a:1"}, {"url": "http://a:1"}]})
