@@ -6,12 +6,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from specroute import __version__
+from specroute import __version__, calibrate
+from specroute.bench import command as bench_command
 from specroute.emulator import command as emulator_command
+from specroute.policies import command as policies_command
+from specroute.proxy import command as proxy_command
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = (emulator_command,)
+COMMANDS = (calibrate, emulator_command, bench_command, proxy_command, policies_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
