@@ -96,10 +96,14 @@ class UpstreamResponse:
 
 
 class UpstreamClient:
-    """Owns the connection pool; build once in the app's lifespan and close at shutdown."""
+    """Owns the connection pool; build once in the app's lifespan and close at shutdown.
+
+    Proxied requests go straight to the httpx transport with a prebuilt URL per target: the
+    `AsyncClient` layers (cookies, auth, redirects, URL merging) cost more than the transport
+    itself on this path and do nothing a proxy wants. Probes use the full client.
+    """
 
     def __init__(self, timeouts: TimeoutConfig, client: ClientConfig) -> None:
-        self._timeouts = timeouts
         limits = httpx.Limits(
             max_connections=client.max_connections,
             max_keepalive_connections=client.max_connections,
@@ -111,20 +115,27 @@ class UpstreamClient:
             write=timeouts.connect_s,
             pool=timeouts.first_byte_s,
         )
-        transport = (
-            AiohttpTransport(client.max_connections) if client.transport == "aiohttp" else None
+        self._transport: httpx.AsyncBaseTransport = (
+            AiohttpTransport(client.max_connections)
+            if client.transport == "aiohttp"
+            else httpx.AsyncHTTPTransport(limits=limits, http1=True)
         )
-        self._client = httpx.AsyncClient(
-            limits=limits, timeout=timeout, http1=True, transport=transport
-        )
+        self._extensions = {"timeout": timeout.as_dict()}
+        self._urls: dict[str, httpx.URL] = {}
+        self._client = httpx.AsyncClient(timeout=timeout, transport=self._transport)
 
     async def send(
         self, method: str, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> UpstreamResponse:
         """Send and return once the status line and headers are in."""
-        request = self._client.build_request(method, url, content=body, headers=headers)
+        target = self._urls.get(url)
+        if target is None:
+            target = self._urls[url] = httpx.URL(url)
+        request = httpx.Request(
+            method, target, content=body, headers=headers, extensions=self._extensions
+        )
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self._transport.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
         return UpstreamResponse(response)
