@@ -24,6 +24,7 @@ __all__ = [
     "Config",
     "HealthConfig",
     "LearnConfig",
+    "LimitsConfig",
     "RetryConfig",
     "TimeoutConfig",
     "load_config",
@@ -41,12 +42,17 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class BackendConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One SGLang server. `max_in_flight` overrides the limit derived from its capacity."""
+    """One SGLang server. `max_in_flight` overrides the limit derived from its capacity.
+
+    With `resolve_every_s`, the url's host is a DNS name (a Kubernetes headless Service):
+    every address it resolves to is a backend, and the name is resolved again on that interval.
+    """
 
     url: str
     name: str | None = None
     api_key: str | None = None
     max_in_flight: Count | None = None
+    resolve_every_s: Positive | None = None
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -119,6 +125,20 @@ class ClientConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_connections: Count = 1024
 
 
+class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What one client may ask of the proxy: header size and count, time to send its request,
+    open connections, how long it may leave a stream unread (`client_stall_s`: then the
+    stream ends and its backend is freed); and how long streams run on after SIGTERM."""
+
+    max_header_bytes: Count = 64 * 1024
+    max_headers: Count = 100
+    header_timeout_s: Positive = 10.0
+    body_timeout_s: Positive = 60.0
+    client_stall_s: Positive = 60.0
+    max_connections: Count = 4096
+    shutdown_grace_s: NonNegative = 30.0
+
+
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything `specroute serve` needs."""
 
@@ -137,6 +157,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
     learn: LearnConfig = msgspec.field(default_factory=LearnConfig)
     client: ClientConfig = msgspec.field(default_factory=ClientConfig)
+    limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
         labels = [b.label for b in self.backends]

@@ -1,0 +1,193 @@
+"""`specroute launch` at run time: check the plan with SGLang, start one server per depth, wait
+until each answers /ready (showing progress), start the proxy in front, supervise everything,
+and on SIGINT/SIGTERM stop the proxy first (its streams drain), then the servers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+import msgspec
+import structlog
+
+from specroute.pool.launch_plan import LaunchPlan
+from specroute.pool.supervisor import Supervised
+
+__all__ = ["LaunchError", "LaunchSettings", "Launcher", "detect_gpus", "validate_with_sglang"]
+
+log = structlog.get_logger()
+
+
+class LaunchError(RuntimeError):
+    """The pool could not be brought up; the message says which part and why."""
+
+
+class LaunchSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the launcher waits and stops, apart from what it launches."""
+
+    log_dir: Path
+    ready_timeout_s: float = 900.0
+    drain_s: float = 30.0
+    poll_s: float = 0.5
+    progress_every_s: float = 10.0
+
+
+def detect_gpus(environ: dict[str, str] | None = None) -> tuple[int, ...]:
+    """GPU indices for `--gpus all`: CUDA_VISIBLE_DEVICES if set, else what nvidia-smi lists."""
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return tuple(int(g) for g in visible.split(",") if g.strip().isdigit())
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return ()
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(int(line) for line in out.split() if line.strip().isdigit())
+
+
+def validate_with_sglang(
+    argvs: Sequence[Sequence[str]], python: str = sys.executable
+) -> list[str | None]:
+    """SGLang's verdict on each command line, checked in a child interpreter (torch and SGLang
+    stay out of the launcher): None where accepted, else SGLang's message."""
+    proc = subprocess.run(
+        [python, "-m", "specroute.pool.sglang_check"],
+        input=json.dumps([list(a) for a in argvs]),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        failed = f"the SGLang check itself failed: {proc.stderr.strip()[-2000:]}"
+        return [failed for _ in argvs]
+    verdicts = json.loads(proc.stdout)
+    return [None if v["ok"] else str(v["message"]) for v in verdicts]
+
+
+class Launcher:
+    """The running pool: supervised servers and proxy, and the order they start and stop in."""
+
+    def __init__(self, plan: LaunchPlan, settings: LaunchSettings, out: TextIO = sys.stderr):
+        self.plan = plan
+        self.settings = settings
+        self.out = out
+        self.servers = [
+            Supervised(p, settings.log_dir, on_crash=self._crashed) for p in plan.servers
+        ]
+        self.proxy = Supervised(plan.proxy, settings.log_dir, on_crash=self._crashed)
+        self._stop = asyncio.Event()
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _crashed(self, child: Supervised, status: int | None, last_lines: str) -> None:
+        self._say(
+            f"specroute launch: {child.plan.name} exited with status {status}; "
+            f"restarting (log: {child.log_path}). Last lines:\n{last_lines}"
+        )
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Bring the pool up, serve until asked to stop, take it down; the exit status."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self.start()
+        except LaunchError as exc:
+            self._say(f"specroute launch: {exc}")
+            await self.shutdown()
+            return 1
+        if not self._stop.is_set():
+            self._say(self._summary())
+            await self._stop.wait()
+        self._say("specroute launch: stopping (draining the proxy's streams first)")
+        await self.shutdown()
+        return 0
+
+    async def start(self) -> None:
+        for server in self.servers:
+            await server.start()
+        await self._wait_ready(self.servers, "/ready")
+        if self._stop.is_set():
+            return
+        await self.proxy.start()
+        await self._wait_ready([self.proxy], "/ready")
+
+    async def shutdown(self) -> None:
+        await self.proxy.stop(self.settings.drain_s)
+        await asyncio.gather(*(s.stop(self.settings.drain_s) for s in self.servers))
+
+    async def _wait_ready(self, children: Sequence[Supervised], path: str) -> None:
+        started = time.monotonic()
+        deadline = started + self.settings.ready_timeout_s
+        pending = {c.plan.name: c for c in children}
+        next_report = started + self.settings.progress_every_s
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while pending and not self._stop.is_set():
+                for name, child in list(pending.items()):
+                    if await _answers(client, child.plan.url + path):
+                        del pending[name]
+                        self._say(f"  {name} ready after {time.monotonic() - started:.1f} s")
+                now = time.monotonic()
+                if pending and now >= deadline:
+                    raise LaunchError(self._timeout_message(list(pending.values())))
+                if pending and now >= next_report:
+                    waiting = ", ".join(sorted(pending))
+                    self._say(f"  waiting for {waiting} ({now - started:.0f} s)")
+                    next_report = now + self.settings.progress_every_s
+                if pending:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), self.settings.poll_s)
+
+    def _timeout_message(self, children: Sequence[Supervised]) -> str:
+        from specroute.pool.supervisor import tail
+
+        parts = [
+            f"not ready after {self.settings.ready_timeout_s:.0f} s: "
+            + ", ".join(c.plan.name for c in children)
+        ]
+        parts += [f"--- last lines of {c.log_path}:\n{tail(c.log_path)}" for c in children]
+        return "\n".join(parts)
+
+    def _summary(self) -> str:
+        lines = [f"specroute launch: pool ready; proxy at {self.plan.proxy.url}"]
+        for s in self.servers:
+            gpus = ",".join(map(str, s.plan.gpus)) or "-"
+            lines.append(
+                f"  {s.plan.name:<8} {s.plan.url}  pid {s.pid}  gpus {gpus}  log {s.log_path}"
+            )
+        lines.append(
+            f"  proxy    {self.plan.proxy.url}  pid {self.proxy.pid}  log {self.proxy.log_path}"
+        )
+        lines.append("Ctrl-C (or SIGTERM) stops everything.")
+        return "\n".join(lines)
+
+
+async def _answers(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await client.get(url)).status_code == 200
+    except httpx.HTTPError:
+        return False
