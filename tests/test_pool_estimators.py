@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specroute.policies import Outcome
 from specroute.pool.estimators import (
     AcceptanceEstimator,
+    ClassLengths,
     IterationTimeModel,
     alpha_from_accept_length,
     expected_tokens,
 )
+from specroute.pool.prior import load_profile_priors, priors_from_profile
+from specroute.pool.telemetry import Telemetry, iteration_sample
 
 
 @given(alpha=st.floats(0.0, 0.999), steps=st.integers(1, 8))
@@ -94,3 +100,106 @@ def test_iteration_time_model_keeps_its_prior_until_observations_arrive() -> Non
     model.observe(0, 1.0)  # meaningless observations are ignored
     model.observe(10, -1.0)
     assert model.observations == 0
+
+
+def _outcome(**fields: object) -> Outcome:
+    base: dict[str, object] = {
+        "backend": "b",
+        "steps": 3,
+        "workload_class": "m:greedy",
+        "status": 200,
+        "stream": True,
+    }
+    return Outcome(**{**base, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_telemetry_recovers_each_class_from_spec_details_at_any_depth(steps: int) -> None:
+    rng = random.Random(steps)
+    telemetry = Telemetry(prior_alpha=0.5)
+    for _ in range(200):
+        for klass, alpha in (("m:greedy", 0.95), ("m:sampled", 0.6)):
+            tokens, verifies = simulated_request(rng, alpha, steps, 300)
+            outcome = _outcome(
+                steps=steps, workload_class=klass, completion_tokens=tokens + 1,
+                verify_count=verifies,
+            )  # fmt: skip
+            telemetry.observe(outcome, capacity=20)
+    classes = telemetry.classes()
+    assert classes["m:greedy"].alpha == pytest.approx(0.95, abs=0.01)
+    assert classes["m:sampled"].alpha == pytest.approx(0.6, abs=0.02)
+    assert classes["m:sampled"].accept_length[steps] == pytest.approx(
+        expected_tokens(0.6, steps), rel=0.02
+    )
+    assert classes["m:greedy"].samples == 200
+    assert telemetry.sources == {"spec_details": 400}
+
+
+def test_telemetry_falls_back_to_tokens_per_chunk_then_to_the_scraped_accept_length() -> None:
+    telemetry = Telemetry()
+    # role chunk, first token, 50 decode chunks of 3 tokens, finish chunk
+    telemetry.observe(_outcome(completion_tokens=151, chunks=53), capacity=20)
+    assert telemetry.classes()["m:greedy"].accept_length[3] == pytest.approx(3.0)
+    telemetry.observe(
+        _outcome(workload_class="m:other", stream=False, completion_tokens=10), capacity=20,
+        scraped=2.5,
+    )  # fmt: skip
+    assert telemetry.classes()["m:other"].accept_length[3] == pytest.approx(2.5)
+    assert telemetry.sources == {"chunks": 1, "scraped": 1}
+
+
+def test_telemetry_learns_nothing_about_acceptance_from_failures_or_no_speculation() -> None:
+    telemetry = Telemetry()
+    telemetry.observe(_outcome(status=500, completion_tokens=10, verify_count=3), capacity=4)
+    telemetry.observe(_outcome(steps=0, completion_tokens=10, verify_count=3), capacity=4)
+    telemetry.observe(_outcome(error="broken", completion_tokens=10, verify_count=3), capacity=4)
+    assert telemetry.classes() == {}
+
+
+def test_telemetry_fits_iteration_time_from_chunk_gaps_at_the_mean_batch() -> None:
+    rng = random.Random(2)
+    telemetry = Telemetry(priors={1: (0.03, 0.0005)})  # a deliberately wrong prior
+    for _ in range(3000):
+        batch = rng.uniform(1, 30)
+        seconds = 0.016 + 0.00025 * batch * 2
+        gaps = tuple(seconds * rng.uniform(0.9, 1.1) for _ in range(40))
+        outcome = _outcome(steps=1, chunk_gaps_s=gaps, mean_in_flight=batch)
+        telemetry.observe(outcome, capacity=26)
+    model = telemetry.iteration_model("b", 1)
+    assert model.intercept == pytest.approx(0.016, rel=0.05)
+    assert model.slope == pytest.approx(0.00025, rel=0.05)
+
+
+def test_iteration_samples_clip_the_batch_to_capacity_and_skip_coalesced_events() -> None:
+    gaps = (0.02, 0.02, 0.0, 0.02, 0.02)  # the 0.0: a finish event read with the last tokens
+    sample = iteration_sample(_outcome(chunk_gaps_s=gaps, mean_in_flight=40.0), capacity=17)
+    assert sample == (17.0, pytest.approx(0.02), 4)
+
+
+def test_class_lengths_start_at_the_prior_and_follow_what_finishes() -> None:
+    lengths = ClassLengths(prior_tokens=300)
+    assert lengths.get("c") == 300
+    for _ in range(500):
+        lengths.observe("c", 120)
+    assert lengths.get("c") == pytest.approx(120)
+
+
+def test_a_bench_profile_seeds_iteration_time_per_depth(tmp_path: Path) -> None:
+    def point(c: int, seconds: float) -> dict[str, object]:
+        return {"concurrency": c, "iteration_time_s": seconds, "per_request_tok_s": 1.0}
+
+    targets = [
+        {"label": f"steps{k}", "steps": k, "max_running_requests": 17,
+         "points": [point(c, 0.015 + 0.0002 * min(c, 17) * (k + 1)) for c in (1, 8, 32)]}
+        for k in (1, 3)
+    ]  # fmt: skip
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"schema": "specroute.bench-profile/1", "targets": targets}))
+    priors = load_profile_priors(path)
+    assert set(priors) == {1, 3}
+    assert priors[3] == (pytest.approx(0.015), pytest.approx(0.0002))
+    telemetry = Telemetry()
+    telemetry.seed(priors.items())
+    assert telemetry.iteration_model("b", 3).predict(40) == pytest.approx(0.015 + 0.0002 * 40)
+    with pytest.raises(ValueError, match="schema"):
+        priors_from_profile(b'{"schema": "something-else"}')

@@ -1,5 +1,6 @@
 """Routing policies: the `Policy` protocol, its data types, the registry and the built-ins."""
 
+from specroute.policies.bandit import Bandit, BanditOptions
 from specroute.policies.builtin import LeastLoaded, RoundRobin
 from specroute.policies.registry import (
     ENTRY_POINT_GROUP,
@@ -7,9 +8,15 @@ from specroute.policies.registry import (
     UnknownPolicyError,
     available,
     create,
+    options_of,
+    parse_spec,
 )
+from specroute.policies.static import Static, StaticOptions
+from specroute.policies.threshold import Threshold, ThresholdOptions
+from specroute.policies.throughput import Throughput, ThroughputOptions
 from specroute.policies.types import (
     BackendView,
+    ClassEstimate,
     Decision,
     Outcome,
     Policy,
@@ -20,6 +27,9 @@ from specroute.policies.types import (
 __all__ = [
     "ENTRY_POINT_GROUP",
     "BackendView",
+    "Bandit",
+    "BanditOptions",
+    "ClassEstimate",
     "Decision",
     "LeastLoaded",
     "Outcome",
@@ -28,7 +38,15 @@ __all__ = [
     "PoolView",
     "RoundRobin",
     "RouteRequest",
+    "Static",
+    "StaticOptions",
+    "Threshold",
+    "ThresholdOptions",
+    "Throughput",
+    "ThroughputOptions",
     "UnknownPolicyError",
     "available",
     "create",
+    "options_of",
+    "parse_spec",
 ]

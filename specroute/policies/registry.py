@@ -1,27 +1,51 @@
 """Policies by name: the built-ins plus anything registered in the `specroute.policies` entry
-point group (each entry point names a zero-argument callable returning a `Policy`)."""
+point group (each entry point names a callable returning a `Policy`).
+
+A policy that takes options exposes them as an `Options` msgspec Struct on its factory and
+accepts one instance as its only argument. Options come as a mapping (config, PUT /policy) or
+in a spec string, `throughput:objective=goodput,floor_tok_s=40`, usable wherever a name is.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
+from typing import Any
 
+import msgspec
+
+from specroute.policies.bandit import Bandit
 from specroute.policies.builtin import LeastLoaded, RoundRobin
+from specroute.policies.static import Static
+from specroute.policies.threshold import Threshold
+from specroute.policies.throughput import Throughput
 from specroute.policies.types import Policy
 
-__all__ = ["ENTRY_POINT_GROUP", "PolicyFactory", "UnknownPolicyError", "available", "create"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PolicyFactory",
+    "UnknownPolicyError",
+    "available",
+    "create",
+    "options_of",
+    "parse_spec",
+]
 
 ENTRY_POINT_GROUP = "specroute.policies"
-PolicyFactory = Callable[[], Policy]
+PolicyFactory = Callable[..., Policy]
 
 BUILTIN: Mapping[str, PolicyFactory] = {
     RoundRobin.name: RoundRobin,
     LeastLoaded.name: LeastLoaded,
+    Static.name: Static,
+    Threshold.name: Threshold,
+    Throughput.name: Throughput,
+    Bandit.name: Bandit,
 }
 
 
 class UnknownPolicyError(LookupError):
-    """No policy of that name; the message lists the choices."""
+    """No policy of that name, or options it does not take; the message says which."""
 
 
 def available() -> dict[str, PolicyFactory]:
@@ -33,12 +57,40 @@ def available() -> dict[str, PolicyFactory]:
     return found
 
 
-def create(name: str) -> Policy:
-    """A fresh policy instance by name."""
-    factories = available() if name not in BUILTIN else BUILTIN
+def options_of(factory: PolicyFactory) -> type[msgspec.Struct] | None:
+    """The factory's options type, if it takes options."""
+    kind = getattr(factory, "Options", None)
+    return kind if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else None
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """`name:key=value,key=value` into the name and its (string) options."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UnknownPolicyError(f"policy option {item!r} is not key=value")
+        options[key.strip()] = value.strip()
+    return name.strip(), options
+
+
+def create(spec: str, options: Mapping[str, Any] | None = None) -> Policy:
+    """A fresh policy by name or spec string; `options` override those in the spec."""
+    name, merged = parse_spec(spec)
+    factories = BUILTIN if name in BUILTIN else available()
     try:
         factory = factories[name]
     except KeyError:
         choices = ", ".join(sorted(available()))
         raise UnknownPolicyError(f"unknown policy {name!r}; choose one of: {choices}") from None
-    return factory()
+    values: dict[str, Any] = {**merged, **(options or {})}
+    kind = options_of(factory)
+    if kind is None:
+        if values:
+            raise UnknownPolicyError(f"policy {name!r} takes no options")
+        return factory()
+    try:
+        return factory(msgspec.convert(values, kind, strict=False))
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise UnknownPolicyError(f"bad options for policy {name!r}: {exc}") from exc

@@ -9,6 +9,7 @@ import msgspec
 
 __all__ = [
     "BackendView",
+    "ClassEstimate",
     "Decision",
     "Outcome",
     "Policy",
@@ -49,6 +50,21 @@ class BackendView(msgspec.Struct, frozen=True, kw_only=True):
     queued: int | None = None
     accept_length: float | None = None
     gen_throughput: float | None = None
+    iteration_intercept_s: float | None = None
+    """Fitted iteration time at an empty batch (None: nothing learned and no prior)."""
+    iteration_per_token_s: float | None = None
+    """Fitted extra iteration time per token in the batch (running requests x (steps + 1))."""
+    iteration_samples: int = 0
+
+
+class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
+    """One workload class's learned acceptance: a per-token rate `alpha` that serves every
+    depth, the accept length measured at each depth seen, and the mean completion length."""
+
+    alpha: float
+    accept_length: dict[int, float] = msgspec.field(default_factory=dict)
+    samples: int = 0
+    mean_tokens: float | None = None
 
 
 class PoolView(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,6 +72,12 @@ class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     serving its model), in the pool's configured order; never empty when a policy is asked."""
 
     backends: tuple[BackendView, ...]
+    classes: dict[str, ClassEstimate] = msgspec.field(default_factory=dict)
+    """Acceptance per workload class; a class missing here is unknown (use `prior_alpha`)."""
+    prior_alpha: float = 0.7
+    in_flight_total: int | None = None
+    """Requests in flight on every healthy backend, not only the candidates (None: unknown)."""
+    capacity_total: int | None = None
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,6 +104,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     chunk_gaps_s: tuple[float, ...] = ()
     duration_s: float = 0.0
     in_flight_at_start: int = 0
+    mean_in_flight: float | None = None
+    """Time-averaged in-flight count of the backend while this request was there."""
     error: str | None = None
 
 

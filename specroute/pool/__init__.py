@@ -11,7 +11,9 @@ from specroute.pool.client import (
     UpstreamResponse,
 )
 from specroute.pool.pool import Lease, Pool
+from specroute.pool.prior import load_profile_priors, priors_from_profile
 from specroute.pool.promtext import BackendMetrics, parse_metrics
+from specroute.pool.telemetry import Telemetry
 
 __all__ = [
     "Backend",
@@ -22,9 +24,12 @@ __all__ = [
     "Lease",
     "Pool",
     "StreamBroken",
+    "Telemetry",
     "TimedOut",
     "UpstreamClient",
     "UpstreamFailure",
     "UpstreamResponse",
+    "load_profile_priors",
     "parse_metrics",
+    "priors_from_profile",
 ]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
 from specroute.policies import BackendView
 from specroute.pool.breaker import CircuitBreaker
+from specroute.pool.estimators import IterationTimeModel
 from specroute.pool.promtext import BackendMetrics
 
 __all__ = ["Backend"]
@@ -42,6 +44,8 @@ class Backend:
         self._ok_streak = 0
         self._fail_streak = 0
         self.in_flight = 0
+        self._load_area = 0.0  # integral of in_flight over time, for mean batch sizes
+        self._load_since = time.monotonic()
         self.server_info: dict[str, Any] | None = None
         self.model_cards: tuple[dict[str, Any], ...] = ()
         self.model: str | None = None
@@ -92,6 +96,16 @@ class Backend:
             return None
         return math.ceil(self.capacity * self._overcommit)
 
+    # Load --------------------------------------------------------------------------------
+    def load_area(self, now: float) -> float:
+        """The integral of the in-flight count up to `now` (request-seconds)."""
+        return self._load_area + self.in_flight * (now - self._load_since)
+
+    def add_in_flight(self, delta: int, now: float) -> None:
+        self._load_area = self.load_area(now)
+        self._load_since = now
+        self.in_flight += delta
+
     # Health ------------------------------------------------------------------------------
     def on_probe(self, ok: bool) -> str | None:
         """Count one /ready result; return "up" or "down" when the state flips."""
@@ -118,7 +132,7 @@ class Backend:
             self.healthy and (limit is None or self.in_flight < limit) and self.breaker.allows(now)
         )
 
-    def view(self) -> BackendView:
+    def view(self, iteration: IterationTimeModel | None = None) -> BackendView:
         m = self.metrics
         info_states = (self.server_info or {}).get("internal_states") or [{}]
         lifetime = info_states[0].get("avg_spec_accept_length") if info_states else None
@@ -137,4 +151,7 @@ class Backend:
             queued=None if m.queued is None else round(m.queued),
             accept_length=m.accept_length if m.accept_length is not None else lifetime,
             gen_throughput=m.gen_throughput,
+            iteration_intercept_s=iteration.intercept if iteration else None,
+            iteration_per_token_s=iteration.slope if iteration else None,
+            iteration_samples=iteration.observations if iteration else 0,
         )

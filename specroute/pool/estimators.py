@@ -152,3 +152,21 @@ class IterationTimeModel:
 
     def predict(self, batch_tokens: float) -> float:
         return self.intercept + self.slope * batch_tokens
+
+
+class ClassLengths:
+    """Exponentially weighted mean completion tokens per workload class (queue-wait estimates)."""
+
+    def __init__(self, *, prior_tokens: float = 300.0, keep: float = 0.99) -> None:
+        self.prior_tokens = prior_tokens
+        self.keep = keep
+        self.classes: dict[str, DecayingMean] = {}
+
+    def observe(self, klass: str, tokens: int) -> None:
+        if tokens > 0:
+            mean = self.classes.setdefault(klass, DecayingMean(float(tokens)))
+            mean.update(float(tokens), 1.0, self.keep)
+
+    def get(self, klass: str) -> float:
+        mean = self.classes.get(klass)
+        return mean.value if mean is not None else self.prior_tokens

@@ -12,11 +12,14 @@ from typing import Any
 import msgspec
 import structlog
 
-from specroute.config import Config
-from specroute.policies import PoolView
+from specroute.config import BackendConfig, Config
+from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
 from specroute.pool.client import UpstreamClient, UpstreamFailure
+from specroute.pool.discovery import DnsDiscovery, static_entries
+from specroute.pool.estimators import IterationTimeModel
 from specroute.pool.promtext import parse_metrics
+from specroute.pool.telemetry import Telemetry
 
 __all__ = ["Lease", "Pool"]
 
@@ -27,21 +30,41 @@ _json = msgspec.json.Decoder(dict[str, Any])
 class Lease:
     """One request's claim on a backend; `release()` is idempotent and must run in `finally`."""
 
-    __slots__ = ("_pool", "backend", "in_flight_at_start", "released")
+    __slots__ = (
+        "_area_at_start",
+        "_pool",
+        "_started",
+        "backend",
+        "in_flight_at_start",
+        "mean_in_flight",
+        "released",
+    )
 
     def __init__(self, pool: Pool, backend: Backend) -> None:
         self._pool = pool
         self.backend = backend
-        backend.in_flight += 1
+        now = time.monotonic()
+        backend.add_in_flight(1, now)
         backend.breaker.on_send()
         self.in_flight_at_start = backend.in_flight
+        self._started = now
+        self._area_at_start = backend.load_area(now)
+        self.mean_in_flight: float | None = None
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.backend.in_flight -= 1
+            now = time.monotonic()
+            elapsed = now - self._started
+            if elapsed > 0:
+                self.mean_in_flight = (self.backend.load_area(now) - self._area_at_start) / elapsed
+            self.backend.add_in_flight(-1, now)
             self._pool.notify()
+
+    def observe(self, outcome: Outcome) -> None:
+        """Teach the pool's estimators what this request showed (once its reply ended)."""
+        self._pool.observe(outcome)
 
 
 class Pool:
@@ -57,11 +80,13 @@ class Pool:
                 admission=config.admission,
                 breaker=config.breaker,
             )
-            for b in config.backends
+            for b in static_entries(config.backends)
         )
         self.by_name = {b.name: b for b in self.backends}
+        self.telemetry = Telemetry()
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
+        self._dns = DnsDiscovery(config.backends, self)
 
     # Lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -70,8 +95,29 @@ class Pool:
             for backend in self.backends:
                 group.create_task(self._first_look(backend))
         self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
+        await self._dns.start()
+
+    async def add_backend(self, config: BackendConfig) -> None:
+        """A backend found at run time (DNS discovery): look at it once, then watch it."""
+        c = self._config
+        backend = Backend(config, health=c.health, admission=c.admission, breaker=c.breaker)
+        await self._first_look(backend)
+        self.backends = (*self.backends, backend)
+        self.by_name[backend.name] = backend
+        self._tasks.append(asyncio.create_task(self._watch(backend), name=backend.name))
+        self.notify()
+
+    def remove_backend(self, name: str) -> None:
+        """Forget a backend that left (requests already on it finish through their lease)."""
+        self.backends = tuple(b for b in self.backends if b.name != name)
+        self.by_name.pop(name, None)
+        for task in [t for t in self._tasks if t.get_name() == name]:
+            task.cancel()
+            self._tasks.remove(task)
+        self.notify()
 
     async def stop(self) -> None:
+        await self._dns.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -94,7 +140,34 @@ class Pool:
         return [b for b in self.backends if b.healthy and (model is None or _serves(b, model))]
 
     def view(self, backends: Iterable[Backend]) -> PoolView:
-        return PoolView(backends=tuple(b.view() for b in backends))
+        """What a policy sees: the candidates with their fitted iteration times, the class
+        estimates, and the load of every healthy backend."""
+        telemetry = self.telemetry
+        healthy = [b for b in self.backends if b.healthy]
+        capacities = [b.capacity for b in healthy]
+        return PoolView(
+            backends=tuple(b.view(self._iteration(b)) for b in backends),
+            classes=telemetry.classes(),
+            prior_alpha=telemetry.acceptance.prior_alpha,
+            in_flight_total=sum(b.in_flight for b in healthy),
+            capacity_total=None if None in capacities else sum(c or 0 for c in capacities),
+        )
+
+    def _iteration(self, backend: Backend) -> IterationTimeModel | None:
+        steps = backend.steps
+        return None if steps is None else self.telemetry.iteration_model(backend.name, steps)
+
+    def observe(self, outcome: Outcome) -> None:
+        """Feed one outcome into the estimators (acceptance, lengths, iteration time)."""
+        backend = self.by_name.get(outcome.backend)
+        if backend is None:
+            return
+        self.telemetry.observe(
+            outcome,
+            capacity=backend.capacity,
+            scraped=backend.view().accept_length,
+            acceptance=not backend.adaptive,
+        )
 
     def lease(self, backend: Backend) -> Lease:
         return Lease(self, backend)

@@ -61,7 +61,13 @@ class Exchange:
         return headers
 
     def outcome(self, lease: Lease, status: int, error: str | None) -> Outcome:
-        """The attempt on `lease`'s backend, as the policy learns it."""
+        """The attempt on `lease`'s backend, as the policy learns it; the pool's estimators
+        learn it here too, so every attempt teaches them exactly once."""
+        outcome = self._outcome(lease, status, error)
+        lease.observe(outcome)
+        return outcome
+
+    def _outcome(self, lease: Lease, status: int, error: str | None) -> Outcome:
         stream = self.stream
         meter = stream.meter if stream is not None else self.meter
         assert self.request is not None
@@ -80,6 +86,7 @@ class Exchange:
             chunk_gaps_s=tuple(stream.gaps) if stream is not None else (),
             duration_s=time.perf_counter() - self.attempt_started,
             in_flight_at_start=lease.in_flight_at_start,
+            mean_in_flight=lease.mean_in_flight,
             error=error,
         )
 
@@ -91,6 +98,8 @@ class Exchange:
         meter = self.stream.meter if self.stream is not None else self.meter
         ttft = self.stream.ttft if self.stream is not None else None
         metrics.requests.inc((self.route, backend, steps, str(self.status)))
+        if self.request is not None and self.backend is not None:
+            metrics.routed.inc((self.policy, self.request.workload_class, steps))
         if self.backend is not None:
             metrics.duration.observe((backend, steps), duration)
             if ttft is not None:

@@ -12,9 +12,20 @@ from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
 from specroute.pool import Backend, UpstreamFailure
 from specroute.proxy.state import ProxyState
 
-__all__ = ["model_list", "pool_info", "proxied_info", "server_info"]
+__all__ = ["model_list", "pool_info", "proxied_info", "scrub_secrets", "server_info"]
 
 _json = msgspec.json.Decoder(dict[str, Any])
+_SECRET_WORDS = ("api_key", "secret", "password", "credential")
+
+
+def scrub_secrets(info: dict[str, Any]) -> dict[str, Any]:
+    """A backend's /server_info without its keys: SGLang lists every server argument there,
+    `api_key` and `admin_api_key` included, and clients of the proxy must never see them."""
+    return {
+        k: v
+        for k, v in info.items()
+        if not (any(word in k.lower() for word in _SECRET_WORDS) or k.lower().endswith("token"))
+    }
 
 
 def model_list(state: ProxyState) -> dict[str, Any]:
@@ -90,7 +101,7 @@ async def server_info(state: ProxyState) -> dict[str, Any]:
                 continue
     if not infos:
         raise UpstreamUnavailableError("no backend answered /server_info")
-    base = dict(infos[0][1])
+    base = scrub_secrets(infos[0][1])
     states = [_first_state(info) for _, info in infos]
     base["internal_states"] = [_pool_state(infos, states), *states]
     base["specroute"] = {"backends": [b.name for b, _ in infos], "policy": state.policy.name}

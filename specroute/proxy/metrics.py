@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-__all__ = ["Counter", "Histogram", "ProxyMetrics", "render_gauge"]
+__all__ = ["Counter", "Histogram", "ProxyMetrics", "render_gauge", "render_labelled_gauge"]
 
 Labels = tuple[str, ...]
 LATENCY_BUCKETS = (
@@ -91,6 +91,15 @@ def render_gauge(name: str, doc: str, label: str, values: Iterable[tuple[str, fl
     return "\n".join(lines)
 
 
+def render_labelled_gauge(
+    name: str, doc: str, labels: Labels, values: Iterable[tuple[Labels, float]]
+) -> str:
+    """A gauge with several labels per sample."""
+    lines = [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
+    lines += [f"{name}{_labels(labels, key)} {v:g}" for key, v in values]
+    return "\n".join(lines)
+
+
 class ProxyMetrics:
     """All counters and histograms of one proxy process."""
 
@@ -125,6 +134,11 @@ class ProxyMetrics:
             "Routing decisions, by policy and chosen backend.",
             ("policy", "backend"),
         )
+        self.routed = Counter(
+            "specroute_routed_requests_total",
+            "Requests answered, by policy, workload class and the depth they were sent to.",
+            ("policy", "workload_class", "steps"),
+        )
 
     def render(self) -> Iterable[str]:
         for metric in (
@@ -134,5 +148,6 @@ class ProxyMetrics:
             self.tokens,
             self.retries,
             self.decisions,
+            self.routed,
         ):
             yield from metric.render()

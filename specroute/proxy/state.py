@@ -10,6 +10,7 @@ from specroute.pool import Pool, UpstreamClient
 from specroute.proxy.admission import Admission
 from specroute.proxy.auth import Auth
 from specroute.proxy.metrics import ProxyMetrics
+from specroute.proxy.process import ProcessMonitor
 
 __all__ = ["ProxyState"]
 
@@ -25,6 +26,7 @@ class ProxyState:
         self.admission = Admission(self.pool, config.admission)
         self.auth = Auth(config.api_keys, config.admin_key)
         self.metrics = ProxyMetrics()
+        self.process = ProcessMonitor()
         self.started = time.time()  # wall clock only for `created` in /v1/models
 
     def switch_policy(self, name: str) -> Policy:
@@ -34,7 +36,9 @@ class ProxyState:
 
     async def start(self) -> None:
         await self.pool.start()
+        self.process.start()
 
     async def stop(self) -> None:
+        await self.process.stop()
         await self.pool.stop()
         await self.client.aclose()

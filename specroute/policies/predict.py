@@ -1,0 +1,147 @@
+"""What a request would get on each backend, from the pool's estimates: its own speed, the
+change in the backend's (so the pool's) throughput, and its queue wait past capacity.
+
+Pure arithmetic on a `PoolView`; `T(b) = intercept + per_token * b * (steps + 1)` per backend
+and `E_k` per class, as in the design's equations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import msgspec
+
+from specroute.policies.types import BackendView, PoolView
+
+__all__ = [
+    "DEFAULT_INTERCEPT_S",
+    "DEFAULT_PER_TOKEN_S",
+    "Prediction",
+    "accept_length",
+    "expected_tokens",
+    "iteration_time",
+    "predict",
+]
+
+DEFAULT_INTERCEPT_S = 0.02
+DEFAULT_PER_TOKEN_S = 0.0003
+_UNBOUNDED = 1 << 20  # capacity of a backend that did not say
+
+
+def expected_tokens(alpha: float, steps: int) -> float:
+    """E_k(alpha) = 1 + alpha + ... + alpha^k."""
+    if steps <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(steps + 1)
+    return (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
+
+
+def accept_length(view: PoolView, klass: str, steps: int) -> float:
+    """Tokens per verify for `klass` at depth `steps`: measured at that depth if seen, else
+    from the class's alpha, else from the pool's prior."""
+    if steps <= 0:
+        return 1.0
+    est = view.classes.get(klass)
+    if est is None:
+        return expected_tokens(view.prior_alpha, steps)
+    seen = est.accept_length.get(steps)
+    return seen if seen is not None else expected_tokens(est.alpha, steps)
+
+
+def mean_tokens(view: PoolView, klass: str, default: float = 300.0) -> float:
+    est = view.classes.get(klass)
+    return est.mean_tokens if est is not None and est.mean_tokens else default
+
+
+def iteration_time(backend: BackendView, batch: float) -> float:
+    """Seconds per iteration with `batch` running requests."""
+    a = backend.iteration_intercept_s
+    s = backend.iteration_per_token_s
+    a = DEFAULT_INTERCEPT_S if a is None else a
+    s = DEFAULT_PER_TOKEN_S if s is None else s
+    return a + s * batch * ((backend.steps or 0) + 1)
+
+
+class Prediction(msgspec.Struct, frozen=True, kw_only=True):
+    """One backend's prospects for one request; speeds in tokens per second."""
+
+    backend: str
+    steps: int
+    speed: float
+    """This request's decode speed once running."""
+    effective_speed: float
+    """Its tokens over queue wait plus decode time."""
+    gain: float
+    """Change in the backend's throughput (the pool's: other backends are unaffected)."""
+    slowest_after: float
+    """Speed of the slowest request running there once this one joins."""
+    wait_s: float
+    full: bool
+
+
+def _running_accept(
+    view: PoolView, backend: BackendView, steps: int, mix: Mapping[str, float], fallback: str
+) -> tuple[float, float]:
+    """(mean, lowest) accept length of the requests already running on `backend`."""
+    total = sum(mix.values())
+    if total <= 0:
+        e = accept_length(view, fallback, steps)
+        return e, e
+    lengths = {k: accept_length(view, k, steps) for k, n in mix.items() if n > 0}
+    mean = sum(lengths[k] * mix[k] for k in lengths) / total
+    return mean, min(lengths.values())
+
+
+def predict(
+    request_class: str,
+    backend: BackendView,
+    view: PoolView,
+    mix: Mapping[str, float] | None = None,
+    queue_weight: float = 0.0,
+) -> Prediction:
+    """Prospects of a `request_class` request on `backend`; `mix` counts the classes in
+    flight there (as the policy routed them), else they are taken to be like this one."""
+    steps = backend.steps or 0
+    capacity = backend.capacity or _UNBOUNDED
+    n = backend.in_flight
+    e_new = accept_length(view, request_class, steps)
+    e_run, e_low = _running_accept(view, backend, steps, mix or {}, request_class)
+    before = min(n, capacity)
+    t_before = iteration_time(backend, before)
+    thr_before = before * e_run / t_before if before else 0.0
+    if n < capacity:
+        t_after = iteration_time(backend, before + 1)
+        speed = e_new / t_after
+        gain = (before * e_run + e_new) / t_after - thr_before
+        slowest = min(speed, e_low / t_after) if before else speed
+        return Prediction(
+            backend=backend.name,
+            steps=steps,
+            speed=speed,
+            effective_speed=speed,
+            gain=gain,
+            slowest_after=slowest,
+            wait_s=0.0,
+            full=False,
+        )
+    # Full: it waits for (queue ahead + 1) slots to free, each running request finishing in
+    # about mean_tokens / its speed; meanwhile it adds nothing, then it shifts the class mix.
+    speed = e_new / t_before
+    service = mean_tokens(view, request_class) / max(speed, 1e-9)
+    running_service = mean_tokens(view, request_class) * t_before / max(e_run, 1e-9)
+    wait = (n - capacity + 1) * running_service / capacity
+    effective = mean_tokens(view, request_class) / (wait + service)
+    # Past capacity it adds nothing now; `queue_weight` values its later speed (0: only the
+    # shortest wait decides among full backends).
+    gain = queue_weight * speed * service / (wait + service) - 1e-3 * wait
+    return Prediction(
+        backend=backend.name,
+        steps=steps,
+        speed=speed,
+        effective_speed=effective,
+        gain=gain,
+        slowest_after=min(speed, e_low / t_before),
+        wait_s=wait,
+        full=True,
+    )

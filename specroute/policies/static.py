@@ -1,0 +1,51 @@
+"""`static`: every request to backends of one depth (least loaded among them); when none of
+that depth has room, the nearest depth that has."""
+
+from __future__ import annotations
+
+import msgspec
+
+from specroute.policies.builtin import LeastLoaded
+from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
+
+__all__ = ["Static", "StaticOptions", "nearest_depth"]
+
+
+class StaticOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """steps: the depth every request goes to."""
+
+    steps: int = 3
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError("steps must be >= 0")
+
+
+def nearest_depth(backends: tuple[BackendView, ...], steps: int) -> tuple[BackendView, ...]:
+    """The backends whose depth is closest to `steps` (deeper wins a tie)."""
+    depths = {b.steps or 0 for b in backends}
+    best = min(depths, key=lambda k: (abs(k - steps), -k))
+    return tuple(b for b in backends if (b.steps or 0) == best)
+
+
+class Static:
+    """Every request to backends of one depth; least loaded among them."""
+
+    name = "static"
+    Options = StaticOptions
+
+    def __init__(self, options: StaticOptions | None = None) -> None:
+        self.options = options or StaticOptions()
+        self._balance = LeastLoaded()
+
+    def choose(self, request: RouteRequest, view: PoolView) -> Decision:
+        wanted = self.options.steps
+        roomy = tuple(b for b in view.backends if b.capacity is None or b.in_flight < b.capacity)
+        group = nearest_depth(roomy or view.backends, wanted)
+        inner = self._balance.choose(request, PoolView(backends=group))
+        steps = group[0].steps or 0
+        note = "" if steps == wanted else f", depth {wanted} has no room"
+        return Decision(backend=inner.backend, reason=f"static depth {steps}{note}; {inner.reason}")
+
+    def observe(self, outcome: Outcome) -> None:
+        """A fixed depth learns nothing."""

@@ -1,0 +1,101 @@
+"""`throughput`: predict each backend's speed for this request and the change in the pool's
+throughput if it goes there, from the pool's estimates, and pick by an objective."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Literal
+
+import msgspec
+
+from specroute.policies.predict import Prediction, predict
+from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
+
+__all__ = ["Throughput", "ThroughputOptions"]
+
+_TIE = 1e-9
+
+
+class ThroughputOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """objective: `latency` (fastest for this request, queue wait included), `throughput`
+    (largest gain in pool tok/s) or `goodput` (largest gain while every request running on the
+    backend keeps `floor_tok_s`); `seed` seeds the random tie-break."""
+
+    objective: Literal["latency", "throughput", "goodput"] = "throughput"
+    floor_tok_s: float = 0.0
+    queue_weight: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.floor_tok_s < 0:
+            raise ValueError("floor_tok_s must be >= 0")
+
+
+def _score(p: Prediction, objective: str) -> float:
+    return p.effective_speed if objective == "latency" else p.gain
+
+
+class Throughput:
+    """Predicts this request's speed and the pool's throughput gain on every backend with room
+    (queue wait included past capacity); chooses by latency, throughput or goodput."""
+
+    name = "throughput"
+    Options = ThroughputOptions
+
+    def __init__(self, options: ThroughputOptions | None = None) -> None:
+        self.options = options or ThroughputOptions()
+        self._rng = random.Random(self.options.seed)
+        # Classes this policy has in flight per backend: the running mix it predicts with.
+        self._mix: defaultdict[str, defaultdict[str, float]] = defaultdict(
+            lambda: defaultdict(float)
+        )
+
+    def predictions(
+        self, request: RouteRequest, view: PoolView, mixes: dict[str, dict[str, float]]
+    ) -> list[Prediction]:
+        return [
+            predict(request.workload_class, b, view, mixes[b.name], self.options.queue_weight)
+            for b in view.backends
+        ]
+
+    def _scaled_mix(self, backend: str, in_flight: int) -> dict[str, float]:
+        """The routed class mix, scaled to the backend's real in-flight count."""
+        mix = self._mix.get(backend)
+        total = sum(mix.values()) if mix else 0.0
+        if not mix or total <= 0:
+            return {}
+        return {k: v * in_flight / total for k, v in mix.items() if v > 0}
+
+    def choose(self, request: RouteRequest, view: PoolView) -> Decision:
+        options = self.options
+        mixes = {b.name: self._scaled_mix(b.name, b.in_flight) for b in view.backends}
+        preds = self.predictions(request, view, mixes)
+        objective = options.objective
+        # A backend past capacity only when every one is: the queue wait decides among them.
+        pool = [p for p in preds if not p.full] or preds
+        if objective == "goodput":
+            floor = options.floor_tok_s
+            kept = [p for p in pool if p.slowest_after >= floor]
+            pool, objective = (kept, objective) if kept else (pool, "latency")
+        scores = [_score(p, objective) for p in pool]
+        best = max(scores)
+        tied = [p for p, s in zip(pool, scores, strict=True) if s >= best - _TIE * abs(best)]
+        chosen = tied[0] if len(tied) == 1 else self._rng.choice(tied)
+        self._mix[chosen.backend][request.workload_class] += 1
+        return Decision(backend=chosen.backend, reason=_reason(options.objective, chosen, preds))
+
+    def observe(self, outcome: Outcome) -> None:
+        mix = self._mix.get(outcome.backend)
+        if mix is not None and mix.get(outcome.workload_class, 0) > 0:
+            mix[outcome.workload_class] -= 1
+
+
+def _reason(objective: str, chosen: Prediction, preds: list[Prediction]) -> str:
+    """The numbers compared: per backend, predicted tok/s for this request and pool gain."""
+    parts = [
+        f"{p.backend}(k={p.steps}) v={p.effective_speed:.0f} gain={p.gain:+.0f}"
+        + (f" wait={p.wait_s:.2f}s" if p.full else "")
+        for p in preds
+    ]
+    return f"{objective} -> {chosen.backend}: " + "; ".join(parts)

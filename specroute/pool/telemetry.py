@@ -1,0 +1,139 @@
+"""Outcomes into estimates: per-class acceptance and length, per-backend iteration time.
+
+`Telemetry.observe` picks the most exact acceptance source an outcome has (SGLang's
+`sglext.spec_tokens_details`, else tokens per stream chunk, else the backend's scraped accept
+length) and times the gaps between chunks against the backend's mean batch during the request.
+`Telemetry.classes()` is what policies see, rebuilt only after something new was learned.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+
+import structlog
+
+from specroute.policies import ClassEstimate, Outcome
+from specroute.pool.estimators import AcceptanceEstimator, ClassLengths, IterationTimeModel
+
+__all__ = ["IterationPrior", "Telemetry", "accept_sample", "iteration_sample"]
+
+log = structlog.get_logger()
+
+IterationPrior = tuple[float, float]
+"""(intercept seconds, seconds per batch token) for one depth, e.g. fitted from a profile."""
+
+# Verifies one scraped (per-backend, all classes mixed) accept length counts as: a weak hint.
+_SCRAPED_WEIGHT = 1.0
+
+
+def accept_sample(outcome: Outcome, scraped: float | None) -> tuple[float, float, str] | None:
+    """(accept length, verifies it stands for, source) from the best source the outcome has."""
+    steps, tokens = outcome.steps, outcome.completion_tokens or 0
+    if not steps or outcome.status != 200 or outcome.error is not None:
+        return None
+    verifies = outcome.verify_count
+    if verifies and tokens > verifies:
+        # The first token comes from prefill, not from a verify pass.
+        return (tokens - 1) / verifies, float(verifies), "spec_details"
+    if verifies and tokens:
+        return tokens / verifies, float(verifies), "spec_details"
+    if outcome.stream and tokens > 1 and outcome.chunks > 3:
+        # Content chunks after the first: one per decode iteration (role and finish excluded).
+        decode_chunks = outcome.chunks - 3
+        return (tokens - 1) / decode_chunks, float(decode_chunks), "chunks"
+    if scraped is not None and scraped > 0:
+        return scraped, _SCRAPED_WEIGHT, "scraped"
+    return None
+
+
+def iteration_sample(outcome: Outcome, capacity: int | None) -> tuple[float, float, int] | None:
+    """(running requests, mean iteration seconds, gaps used) from the gaps between chunks.
+
+    Gaps far below the median are events that arrived in one read (a finish chunk after the
+    last tokens), not iterations; they are left out of the count but not of the time."""
+    gaps = outcome.chunk_gaps_s
+    if len(gaps) < 3 or outcome.error is not None:
+        return None
+    median = statistics.median(gaps)
+    if median <= 0:
+        return None
+    used = [g for g in gaps if g > 0.25 * median]
+    batch = outcome.mean_in_flight if outcome.mean_in_flight is not None else None
+    batch = batch if batch is not None else float(outcome.in_flight_at_start)
+    if capacity:
+        batch = min(batch, float(capacity))
+    return max(1.0, batch), sum(gaps) / len(used), len(used)
+
+
+class Telemetry:
+    """The pool's estimators, fed with every outcome; pure and synchronous."""
+
+    def __init__(
+        self,
+        *,
+        prior_alpha: float = 0.7,
+        half_life: float = 2000.0,
+        priors: Mapping[int, IterationPrior] | None = None,
+    ) -> None:
+        self.acceptance = AcceptanceEstimator(prior_alpha=prior_alpha, half_life=half_life)
+        self.lengths = ClassLengths()
+        self.iteration: dict[tuple[str, int], IterationTimeModel] = {}
+        self.priors: dict[int, IterationPrior] = dict(priors or {})
+        self.sources: dict[str, int] = {}
+        self._classes: dict[str, ClassEstimate] | None = None
+
+    def iteration_model(self, backend: str, steps: int) -> IterationTimeModel:
+        """This backend's fit at this depth, created from the prior for the depth if any."""
+        key = (backend, steps)
+        model = self.iteration.get(key)
+        if model is None:
+            prior = self.priors.get(steps)
+            model = IterationTimeModel(*prior) if prior is not None else IterationTimeModel()
+            self.iteration[key] = model
+        return model
+
+    def seed(self, priors: Iterable[tuple[int, IterationPrior]]) -> None:
+        """Priors per depth (from a bench profile); models already created keep their data."""
+        self.priors.update(priors)
+
+    def observe(
+        self,
+        outcome: Outcome,
+        *,
+        capacity: int | None,
+        scraped: float | None = None,
+        acceptance: bool = True,
+    ) -> None:
+        """Learn from one outcome; `acceptance=False` for a backend whose depth moves during a
+        request (adaptive), where an accept length cannot be tied to one depth."""
+        klass = outcome.workload_class
+        if outcome.status == 200 and outcome.error is None and outcome.completion_tokens:
+            self.lengths.observe(klass, outcome.completion_tokens)
+        sample = accept_sample(outcome, scraped) if acceptance else None
+        if sample is not None and outcome.steps:
+            length, verifies, source = sample
+            self.acceptance.observe(
+                klass, steps=outcome.steps, accept_length=length, verifies=verifies
+            )
+            self.sources[source] = self.sources.get(source, 0) + 1
+        timing = iteration_sample(outcome, capacity)
+        if timing is not None and outcome.steps is not None:
+            batch, seconds, used = timing
+            model = self.iteration_model(outcome.backend, outcome.steps)
+            model.observe(batch * (outcome.steps + 1), seconds, weight=min(1.0, used / 20))
+        self._classes = None
+
+    def classes(self) -> dict[str, ClassEstimate]:
+        """Every class seen, as the read-only estimates policies get."""
+        if self._classes is None:
+            self._classes = {
+                name: ClassEstimate(
+                    alpha=est.alpha.value,
+                    accept_length={k: m.value for k, m in sorted(est.by_steps.items())},
+                    samples=est.samples,
+                    mean_tokens=self.lengths.get(name),
+                )
+                for name, est in self.acceptance.classes.items()
+            }
+        return self._classes
