@@ -7,7 +7,9 @@ SpecrouteError                      500 internal_error
 ├── PermissionDeniedError           403 permission_error
 ├── NotFoundError                   404 invalid_request_error
 │   └── ModelNotFoundError          404 invalid_request_error / model_not_found
+├── RequestTimeoutError             408 invalid_request_error (a client too slow to send)
 ├── PayloadTooLargeError            413 invalid_request_error
+├── HeadersTooLargeError            431 invalid_request_error
 ├── QueueFullError                  429 rate_limit_error (Retry-After)
 ├── ServiceUnavailableError         503 service_unavailable (Retry-After)
 │   ├── NoHealthyBackendError
@@ -28,6 +30,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ConfigError",
+    "HeadersTooLargeError",
     "ModelNotFoundError",
     "NoHealthyBackendError",
     "NotFoundError",
@@ -35,6 +38,7 @@ __all__ = [
     "PermissionDeniedError",
     "QueueFullError",
     "QueueTimeoutError",
+    "RequestTimeoutError",
     "ServiceUnavailableError",
     "SpecrouteError",
     "StreamInterruptedError",
@@ -125,6 +129,18 @@ class PayloadTooLargeError(SpecrouteError):
     status_code = 413
     error_type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class RequestTimeoutError(SpecrouteError):
+    status_code = 408
+    error_type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class HeadersTooLargeError(SpecrouteError):
+    status_code = 431
+    error_type = "invalid_request_error"
+    default_code = "headers_too_large"
 
 
 class QueueFullError(SpecrouteError):

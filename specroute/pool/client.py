@@ -100,7 +100,9 @@ class UpstreamClient:
 
     Proxied requests go straight to the httpx transport with a prebuilt URL per target: the
     `AsyncClient` layers (cookies, auth, redirects, URL merging) cost more than the transport
-    itself on this path and do nothing a proxy wants. Probes use the full client.
+    itself on this path and do nothing a proxy wants. Probes use the full client over a pool of
+    their own: sharing one would keep every idle proxied connection alive (aiohttp reuses its
+    idle connections in turn), so the pool would never shrink after a burst.
     """
 
     def __init__(self, timeouts: TimeoutConfig, client: ClientConfig) -> None:
@@ -122,7 +124,8 @@ class UpstreamClient:
         )
         self._extensions = {"timeout": timeout.as_dict()}
         self._urls: dict[str, httpx.URL] = {}
-        self._client = httpx.AsyncClient(timeout=timeout, transport=self._transport)
+        probe_limits = httpx.Limits(max_keepalive_connections=64, keepalive_expiry=10.0)
+        self._client = httpx.AsyncClient(timeout=timeout, limits=probe_limits)
 
     async def send(
         self, method: str, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
@@ -152,3 +155,4 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        await self._transport.aclose()

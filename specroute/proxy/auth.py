@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 
 from specroute.errors import AuthenticationError, PermissionDeniedError
 
-__all__ = ["Auth"]
+__all__ = ["ADMIN", "PUBLIC", "Auth", "access_of"]
+
+PUBLIC = {"access": "public"}
+"""Route option: no key needed (liveness, readiness, Prometheus)."""
+ADMIN = {"access": "admin"}
+"""Route option: the admin key only. Routes without an `access` option need a client key."""
+
+
+def access_of(opt: Mapping[str, object]) -> str:
+    """A route's access level from its options; anything unmarked needs a client key."""
+    access = opt.get("access")
+    return str(access) if access in ("public", "admin") else "client"
 
 
 def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
@@ -42,6 +54,13 @@ class Auth:
             raise AuthenticationError("missing API key: send `Authorization: Bearer KEY`")
         if not _matches(token, self._keys):
             raise AuthenticationError("invalid API key")
+
+    def require(self, access: str, authorization: bytes | None) -> None:
+        """Enforce `access` ("public", "client" or "admin") on one request."""
+        if access == "admin":
+            self.check_admin(authorization)
+        elif access != "public":
+            self.check(authorization)
 
     def check_admin(self, authorization: bytes | None) -> None:
         """Admin routes (PUT /policy): only the admin key; refused when none is configured."""

@@ -10,7 +10,7 @@ from typing import Any
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
 from specroute.logs import configure_logging
-from specroute.policies import UnknownPolicyError, available
+from specroute.policies import UnknownPolicyError, create
 
 __all__ = ["register"]
 
@@ -56,12 +56,10 @@ def build_config(args: argparse.Namespace) -> Config:
         raise ConfigError(
             "invalid configuration: no backends - at `$.backends` (use --backend URL)"
         )
-    if config.policy not in available():
-        choices = ", ".join(sorted(available()))
-        raise ConfigError(
-            f"invalid configuration: unknown policy {config.policy!r} "
-            f"(choose one of: {choices}) - at `$.policy`"
-        )
+    try:
+        create(config.policy)  # a name, or `name:key=value,...` with the policy's options
+    except UnknownPolicyError as exc:
+        raise ConfigError(f"invalid configuration: {exc} - at `$.policy`") from exc
     return config
 
 
@@ -71,20 +69,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, UnknownPolicyError) as exc:
         print(f"specroute serve: {exc}", file=sys.stderr)
         return 2
-    import uvicorn  # only the serve command needs the server
-
     from specroute.proxy.app import create_app  # keeps `--help` fast
+    from specroute.proxy.server import serve
 
     configure_logging(config.log_level)
-    uvicorn.run(
-        create_app(config),
-        host=config.host,
-        port=config.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
+    serve(create_app(config), config)
     return 0

@@ -79,6 +79,8 @@ def decode_fields(route: str, body: bytes) -> RoutingFields | GenerateFields:
         raise BadRequestError(f"invalid request: {exc}", param=_param(str(exc))) from exc
     except msgspec.DecodeError as exc:
         raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestError("request body is nested too deeply") from exc
     return fields
 
 

@@ -5,9 +5,8 @@ streams replies event by event; a client that leaves cancels its upstream reques
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import msgspec
@@ -16,6 +15,8 @@ import structlog
 from specroute.errors import (
     ModelNotFoundError,
     PayloadTooLargeError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
     SpecrouteError,
     StreamInterruptedError,
     UpstreamError,
@@ -27,14 +28,21 @@ from specroute.errors import (
 from specroute.pool import Lease, StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
 from specroute.proxy.exchange import Exchange
 from specroute.proxy.fields import Extras, decode_fields, route_request, upstream_body
+from specroute.proxy.intake import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    header,
+    printable,
+    read_body,
+    request_id,
+)
+from specroute.proxy.pacing import SendWatch
 from specroute.proxy.state import ProxyState
 from specroute.proxy.streaming import StreamRelay, strip_reply
 
-__all__ = ["RELAY_PATHS", "Relay"]
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+__all__ = ["RELAY_PATHS", "Receive", "Relay", "Scope", "Send"]
 
 log = structlog.get_logger()
 
@@ -45,36 +53,10 @@ RELAY_PATHS = {
 }
 _UPSTREAM_PATH = {route: path for path, route in RELAY_PATHS.items()}
 _upstream_error = msgspec.json.Decoder(dict[str, Any])
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived."""
-
-
-def header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value)
-    return None
-
-
-async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
-    declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"request body over the limit of {limit} bytes")
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(f"request body over the limit of {limit} bytes")
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+_CLASS_NAME_MAX = 64
+_CLASSES_MAX = 256
+"""Distinct client-named workload classes: each costs estimator state and metric series, so
+names past this many fall back to the model's own class rather than grow without bound."""
 
 
 def upstream_error(status: int, body: bytes) -> UpstreamError:
@@ -100,21 +82,50 @@ class Relay:
 
     def __init__(self, state: ProxyState) -> None:
         self._state = state
+        self.draining = False
+        self._open: set[asyncio.Task[Any]] = set()
+        self._ending: set[asyncio.Task[Any]] = set()  # ended by shutdown, not by their client
+        self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
+        self._classes: set[str] = set()
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
+        rest: streams with an error event and `[DONE]`, the others with a 503."""
+        self.draining = True
+        self._idle = asyncio.Event()
+        if self._open:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace_s):
+                    await self._idle.wait()
+        rest = list(self._open)
+        if rest:
+            log.warning("shutdown_ending_requests", requests=len(rest), grace_s=grace_s)
+        for task in rest:
+            self._ending.add(task)
+            task.cancel()
+        if rest:
+            await asyncio.wait(rest, timeout=5.0)
 
     async def handle(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
-        request_id = (header(scope, b"x-request-id") or os.urandom(8).hex().encode()).decode()
-        ex = Exchange(route, request_id, state.policy.name)
+        ex = Exchange(route, request_id(header(scope, b"x-request-id")), state.policy.name)
         task = asyncio.current_task()
         assert task is not None
+        self._open.add(task)
         watcher: asyncio.Task[None] | None = None
         try:
+            if self.draining:
+                raise _shutting_down()
             state.auth.check(header(scope, b"authorization"))
-            body = await read_body(scope, receive, state.config.max_body_bytes)
+            limits = state.config.limits
+            body = await read_body(
+                scope, receive, state.config.max_body_bytes, limits.body_timeout_s
+            )
             fields = decode_fields(route, body)
             ex.model = fields.model
             self._check_model(fields.model)
-            ex.request = route_request(route, fields, _text(header(scope, b"x-specroute-class")))
+            klass = self._workload_class(header(scope, b"x-specroute-class"))
+            ex.request = route_request(route, fields, klass)
             forwarded, extras = upstream_body(body, fields, state.config.learn)
             watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
             await self._forward(ex, forwarded, extras, send)
@@ -123,14 +134,32 @@ class Relay:
         except ClientGone:
             ex.status, ex.error = 499, "client disconnected"
         except asyncio.CancelledError:
-            if not ex.client_gone:
+            if not (ex.client_gone or task in self._ending):
                 raise
             task.uncancel()
-            ex.status, ex.error = 499, "client disconnected"
+            if ex.client_gone:
+                ex.status, ex.error = 499, ex.error or "client disconnected"
+            else:  # a stream in flight got its error event already; the rest get a 503
+                await self._send_error(ex, _shutting_down(), send)
         finally:
+            self._open.discard(task)
+            self._ending.discard(task)
+            if self._idle is not None and not self._open:
+                self._idle.set()
             if watcher is not None:
                 watcher.cancel()
             ex.finish(state.metrics)
+
+    def _workload_class(self, given: bytes | None) -> str | None:
+        """The client's `X-Specroute-Class`, if it is a short printable name and either known
+        or within the cap on distinct classes; else None (the model's own class)."""
+        name = printable(given, _CLASS_NAME_MAX)
+        if name is None or name in self._classes:
+            return name
+        if len(self._classes) >= _CLASSES_MAX:
+            return None
+        self._classes.add(name)
+        return name
 
     def _check_model(self, model: str | None) -> None:
         if model is None:
@@ -203,11 +232,11 @@ class Relay:
             verdict, error = False, str(exc)
             if ex.committed:
                 return None
+            if not last:  # a timeout too: the client has nothing yet, another backend may answer
+                return type(exc).__name__
             if isinstance(exc, TimedOut):
                 raise UpstreamTimeoutError(f"backend {backend.name} timed out") from exc
-            if last:
-                raise UpstreamUnavailableError(f"backend {backend.name} failed: {exc}") from exc
-            return type(exc).__name__
+            raise UpstreamUnavailableError(f"backend {backend.name} failed: {exc}") from exc
         finally:
             lease.release()
             _judge(lease, verdict)
@@ -230,22 +259,28 @@ class Relay:
     ) -> None:
         """Headers go out with the first event, so a backend that fails during prefill is
         still retried invisibly; after that, failures end the stream with an error event."""
+        config = self._state.config
         relay = ex.stream = StreamRelay(extras, ex.started)
-        chunks = upstream.chunks(self._state.config.timeouts.idle_s).__aiter__()
+        chunks = upstream.chunks(config.timeouts.idle_s).__aiter__()
         first = await anext(chunks, b"")
         headers = [(b"content-type", upstream.content_type), *ex.backend_headers()]
         ex.status = 200
         ex.committed = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         tail = b""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = SendWatch(task, config.limits.client_stall_s)
         try:
-            out = relay.feed(first, time.perf_counter())
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-            async for data in chunks:
+            data: bytes | None = first
+            while data is not None:
                 out = relay.feed(data, time.perf_counter())
                 if out:
+                    watch.sending = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    watch.sending = False
+                    watch.sent += 1
+                data = await anext(chunks, None)
             tail = relay.rest()
             if not relay.saw_done:
                 raise StreamBroken("stream ended before [DONE]")
@@ -253,7 +288,16 @@ class Relay:
             ex.error = str(exc)
             tail = error_event(_stream_failure(exc))
             raise
+        except asyncio.CancelledError:
+            if watch.stalled:  # nothing more can reach a client that stopped reading
+                ex.client_gone = True
+                ex.error = "client stopped reading"
+            elif task in self._ending:
+                ex.error = "proxy shutting down"
+                tail = error_event(_shutting_down())
+            raise
         finally:
+            watch.close()
             ex.finished = True
             if not ex.client_gone:
                 await send({"type": "http.response.body", "body": tail, "more_body": False})
@@ -273,6 +317,8 @@ class Relay:
             return
         ex.committed = ex.finished = True
         headers = [(b"content-type", b"application/json"), *exc.headers(), *ex.backend_headers()]
+        if isinstance(exc, RequestTimeoutError | PayloadTooLargeError):
+            headers.append((b"connection", b"close"))  # the rest of its body was never read
         await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
 
@@ -291,10 +337,6 @@ def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [(b"content-type", b"application/json"), (b"accept", b"*/*"), *auth]
 
 
-def _text(value: bytes | None) -> str | None:
-    return value.decode("latin-1") if value else None
-
-
 async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
     """Cancel the request's task the moment its client goes away."""
     while True:
@@ -304,6 +346,10 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Excha
                 ex.client_gone = True
                 task.cancel()
             return
+
+
+def _shutting_down() -> ServiceUnavailableError:
+    return ServiceUnavailableError("proxy is shutting down", code="shutting_down", retry_after=1)
 
 
 def _stream_failure(exc: UpstreamFailure) -> SpecrouteError:

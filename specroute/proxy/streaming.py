@@ -7,6 +7,7 @@ from typing import Any
 
 import msgspec
 
+from specroute.pool import StreamBroken
 from specroute.proxy.fields import Extras
 
 __all__ = ["ReplyMeter", "StreamRelay", "strip_reply"]
@@ -138,6 +139,8 @@ class StreamRelay:
         if payload == b"[DONE]":
             self.saw_done = True
             return True
+        if payload[:1] != b"{" or payload[-1:] != b"}":  # torn or garbled: clients cannot parse it
+            raise StreamBroken(f"backend sent a malformed event: {payload[:40]!r}")
         chunk = _decode(payload) if _interesting(event) else None
         if chunk is not None:
             self.meter.take(chunk)

@@ -1,0 +1,210 @@
+"""Processes and probes shared by `chaos.py` and `soak.py`: emulated backends that can be killed,
+frozen and restarted on their port, the proxy as a child process, its Prometheus counters, and
+what /proc says about its descriptors, memory and upstream connections. Loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+__all__ = [
+    "Emulator",
+    "Proxy",
+    "free_port",
+    "metric_sum",
+    "open_fds",
+    "parse_metrics",
+    "rss_bytes",
+    "upstream_connections",
+]
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_ready(url: str, process: subprocess.Popen[bytes], within: float) -> None:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{url} exited with status {process.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url + "/ready")).status_code == 200:
+                    return
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"{url} not ready after {within:.0f} s")
+
+
+@dataclass
+class Emulator:
+    """One `specroute emulate` process on a fixed port, restartable with other fault flags."""
+
+    steps: int
+    args: list[str]
+    log_dir: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    frozen: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self, *faults: str) -> None:
+        cmd = [sys.executable, "-m", "specroute", "emulate", "--steps", str(self.steps)]
+        cmd += ["--host", HOST, "--port", str(self.port), *self.args, *faults]
+        with (self.log_dir / f"emulator-{self.port}.log").open("ab") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=log)
+
+    async def ready(self, within: float = 30.0) -> None:
+        assert self.process is not None
+        await _wait_ready(self.url, self.process, within)
+
+    def kill(self) -> None:
+        """Die at once, as a crashed server does (a frozen one is thawed first)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.frozen = False
+
+    def freeze(self, frozen: bool) -> None:
+        """SIGSTOP/SIGCONT: a hung server that still holds its sockets open."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP if frozen else signal.SIGCONT)
+            self.frozen = frozen
+
+    async def restart(self, *faults: str) -> None:
+        self.kill()
+        self.start(*faults)
+        await self.ready()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            if self.frozen:
+                self.freeze(False)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Proxy:
+    """`specroute serve --config FILE` as a child process; its log goes to a file."""
+
+    config: Path
+    log: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    async def start(self) -> None:
+        cmd = [sys.executable, "-m", "specroute", "serve", "--config", str(self.config)]
+        cmd += ["--host", HOST, "--port", str(self.port)]
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(cmd, stdout=log, stderr=log)  # noqa: ASYNC220  # returns at once
+        await _wait_ready(self.url, self.process, 30.0)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self) -> int | None:
+        """SIGTERM, then wait: the proxy's own graceful shutdown."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    async def metrics(self, client: httpx.AsyncClient) -> dict[str, float]:
+        return parse_metrics((await client.get(self.url + "/metrics")).text)
+
+    async def pool(self, client: httpx.AsyncClient) -> dict[str, object]:
+        reply = await client.get(self.url + "/pool")
+        data: dict[str, object] = reply.json()
+        return data
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text as {'name{labels}': value} (no escapes in our label values)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[key] = float(value)
+    return out
+
+
+def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of `name` over every series whose labels include `labels`."""
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_bytes(pid: int) -> int:
+    pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    return inodes
+
+
+def upstream_connections(pid: int, ports: set[int]) -> int:
+    """The proxy's TCP connections to any of `ports` that are not closed yet."""
+    inodes = _socket_inodes(pid)
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                remote_port = int(parts[2].rsplit(":", 1)[1], 16)
+                # 07 CLOSE: gone; everything else (established, closing) still holds the fd
+                if parts[9] in inodes and remote_port in ports and parts[3] != "07":
+                    count += 1
+    return count

@@ -1,0 +1,60 @@
+"""Serving the proxy with uvicorn: the limited HTTP protocol, and a graceful shutdown that stops
+accepting at once, lets requests in flight finish for a grace period, then ends the rest with an
+error (an error event and `[DONE]` in a stream) before the pool and its connections close."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import socket
+
+import structlog
+import uvicorn
+
+from specroute.config import Config
+from specroute.proxy.app import ProxyApp
+from specroute.proxy.protocol import limited_protocol
+
+__all__ = ["serve"]
+
+log = structlog.get_logger()
+
+# uvicorn's own deadline comes after ours: it cancels tasks without ending their streams.
+_BACKSTOP_S = 10.0
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: ProxyApp, grace_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._grace_s = grace_s
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        log.info("shutdown_started", grace_s=self._grace_s)
+        drain = asyncio.create_task(self._app.drain(self._grace_s))
+        try:
+            await super().shutdown(sockets)  # closes the listeners, waits for connections
+        finally:
+            if not drain.done():
+                drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain
+        log.info("shutdown_finished")
+
+
+def serve(app: ProxyApp, config: Config) -> None:
+    """Run `app` on `config.host:config.port` until SIGINT or SIGTERM."""
+    limits = config.limits
+    server_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop="uvloop",
+        http=limited_protocol(limits),
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=math.ceil(limits.shutdown_grace_s + _BACKSTOP_S),
+    )
+    _Server(server_config, app, limits.shutdown_grace_s).run()
