@@ -1,10 +1,12 @@
 """The proxy's added latency and throughput against a fast canned upstream, beside going direct.
 
     python benchmarks/proxy_overhead.py [--requests 2000] [--transport httpx|aiohttp]
+                                        [--dashboard-clients N]
 
 Starts a minimal SGLang-like upstream (raw ASGI on uvicorn: a canned chat completion and a
 short stream) and a proxy in front of it, each in its own process, then drives both with the
 same aiohttp client at concurrency 1 and 64 and prints p50/p99 latency and requests/second.
+With `--dashboard-clients N`, N dashboard viewers poll the proxy as the page does, throughout.
 """
 
 from __future__ import annotations
@@ -173,6 +175,45 @@ async def _drive(url: str, body: bytes, concurrency: int, total: int) -> tuple[l
     return latencies, len(latencies) / elapsed
 
 
+# Dashboard viewers (--dashboard-clients) ---------------------------------------------------
+async def _view_dashboards(port: int, clients: int) -> None:
+    """`clients` open dashboards, polling as the page does: its data every second, /pool every
+    3 s (/policy only when the policy changes). Runs in its own process, apart from the load."""
+    base = f"http://127.0.0.1:{port}"
+
+    async def viewer(session: aiohttp.ClientSession) -> None:
+        seq, tick = 0, 0
+        while True:
+            async with session.get(f"{base}/dashboard/data?since={seq}") as response:
+                seq = (await response.json())["seq"]
+            if tick % 3 == 0:
+                async with session.get(base + "/pool") as response:
+                    await response.read()
+            tick += 1
+            await asyncio.sleep(1.0)
+
+    async with aiohttp.ClientSession() as session:
+        await asyncio.gather(*(viewer(session) for _ in range(clients)))
+
+
+@contextlib.contextmanager
+def _dashboard_viewers(code: str, clients: int) -> Iterator[None]:
+    if clients <= 0:
+        yield
+        return
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        time.sleep(2.0)  # every viewer has loaded its history before the first timed run
+        yield
+        if proc.poll() is not None:
+            raise RuntimeError(f"the dashboard viewers exited early ({proc.returncode})")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+# ---------------------------------------------------------------------------------------------
 def _pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
 
@@ -183,6 +224,10 @@ def main() -> None:
     parser.add_argument("--transport", choices=["httpx", "aiohttp"], default="aiohttp")
     parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     parser.add_argument("--http", choices=["httptools", "h11"], default="httptools")
+    parser.add_argument(
+        "--dashboard-clients", type=int, default=0, metavar="N",
+        help="keep N dashboard viewers polling the proxy during the run",
+    )  # fmt: skip
     args = parser.parse_args()
     up_port, proxy_port = 18301, 18300
     here = os.path.abspath(__file__)
@@ -192,9 +237,20 @@ def main() -> None:
         f"{load}['_serve_proxy']({proxy_port}, 'http://127.0.0.1:{up_port}', "
         f"{args.transport!r}, {args.loop!r}, {args.http!r})"
     )
-    print(f"transport={args.transport} loop={args.loop} http={args.http} requests={args.requests}")
+    viewers_code = (
+        f"import asyncio, runpy; m = runpy.run_path({here!r}); "
+        f"asyncio.run(m['_view_dashboards']({proxy_port}, {args.dashboard_clients}))"
+    )
+    print(
+        f"transport={args.transport} loop={args.loop} http={args.http} requests={args.requests} "
+        f"dashboard_clients={args.dashboard_clients}"
+    )
     print(f"{'kind':7} {'conc':>4} {'target':7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
-    with _process(up_code, up_port), _process(proxy_code, proxy_port):
+    with (
+        _process(up_code, up_port),
+        _process(proxy_code, proxy_port),
+        _dashboard_viewers(viewers_code, args.dashboard_clients),
+    ):
         for kind, body in (("chat", BODY), ("stream", STREAM_BODY)):
             for concurrency in (1, 64):
                 rows = {}

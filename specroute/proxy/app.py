@@ -11,8 +11,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import structlog
 from litestar import Litestar, Request, Response, get, put
+from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException
+from litestar.handlers import BaseRouteHandler
 
 from specroute.config import Config
 from specroute.errors import (
@@ -22,17 +25,53 @@ from specroute.errors import (
     SpecrouteError,
     error_body,
 )
-from specroute.policies import UnknownPolicyError, available
+from specroute.policies import UnknownPolicyError, available, create
+from specroute.proxy.auth import ADMIN, PUBLIC, access_of
+from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
-from specroute.proxy.metrics import render_gauge
+from specroute.proxy.metrics import render_gauge, render_labelled_gauge
+from specroute.proxy.openapi import openapi_config, relay_docs
 from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
 from specroute.proxy.state import ProxyState
 
 __all__ = ["ProxyApp", "create_app"]
 
+log = structlog.get_logger()
+
 
 class PolicyChange(msgspec.Struct, forbid_unknown_fields=True):
+    """PUT /policy: a name or spec (`throughput:objective=goodput`), with optional options."""
+
     policy: str
+    options: dict[str, Any] | None = None
+
+
+def _policy_info(state: ProxyState) -> dict[str, Any]:
+    """The current policy's name, and its options when it takes any."""
+    info: dict[str, Any] = {"policy": state.policy.name}
+    options = getattr(state.policy, "options", None)
+    if isinstance(options, msgspec.Struct):
+        info["options"] = msgspec.to_builtins(options)
+    return info
+
+
+def _estimates(state: ProxyState) -> dict[str, Any]:
+    """What the pool has learned: acceptance and length per class, iteration time per backend."""
+    telemetry = state.pool.telemetry
+    iteration = {
+        f"{name}@{steps}": {
+            "intercept_s": model.intercept,
+            "per_token_s": model.slope,
+            "observations": model.observations,
+        }
+        for (name, steps), model in telemetry.iteration.items()
+    }
+    return {
+        "classes": msgspec.to_builtins(telemetry.classes()),
+        "prior_alpha": telemetry.acceptance.prior_alpha,
+        "acceptance_sources": dict(telemetry.sources),
+        "iteration": iteration,
+    }
 
 
 def _error_response(exc: SpecrouteError) -> Response[bytes]:
@@ -58,18 +97,18 @@ def _auth(state: ProxyState, request: Request[Any, Any, Any]) -> None:
 
 
 def _handlers(state: ProxyState) -> list[Any]:
-    @get("/health", sync_to_thread=False)
+    @get("/health", sync_to_thread=False, opt=PUBLIC)
     def health() -> Response[bytes]:
         return _json({"status": "ok"})
 
-    @get("/ready", sync_to_thread=False)
+    @get("/ready", sync_to_thread=False, opt=PUBLIC)
     def ready() -> Response[bytes]:
         healthy = len(state.pool.healthy())
         if not healthy:
             raise NoHealthyBackendError("no healthy backend", retry_after=1)
         return _json({"status": "ready", "healthy_backends": healthy})
 
-    @get("/metrics", sync_to_thread=False)
+    @get("/metrics", sync_to_thread=False, opt=PUBLIC)
     def metrics() -> Response[str]:
         return Response(_exposition(state), media_type="text/plain; version=0.0.4")
 
@@ -91,24 +130,26 @@ def _handlers(state: ProxyState) -> list[Any]:
     @get("/pool", sync_to_thread=False)
     def pool(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
-        return _json(pool_info(state))
+        return _json({**pool_info(state), "estimates": _estimates(state)})
 
     @get("/policy", sync_to_thread=False)
     def get_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
-        return _json({"policy": state.policy.name, "available": sorted(available())})
+        return _json({**_policy_info(state), "available": sorted(available())})
 
-    @put("/policy")
+    @put("/policy", opt=ADMIN)
     async def put_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
         value = request.headers.get("authorization")
         state.auth.check_admin(value.encode("latin-1") if value else None)
         try:
             change = msgspec.json.decode(await request.body(), type=PolicyChange)
             previous = state.policy.name
-            state.switch_policy(change.policy)
+            # The next request is routed by the new policy; those in flight keep theirs.
+            state.policy = create(change.policy, change.options)
         except (msgspec.DecodeError, UnknownPolicyError) as exc:
             raise BadRequestError(str(exc), param="policy") from exc
-        return _json({"policy": state.policy.name, "previous": previous})
+        log.info("policy_switched", policy=state.policy.name, previous=previous)
+        return _json({**_policy_info(state), "previous": previous})
 
     return [
         health,
@@ -139,11 +180,57 @@ def _exposition(state: ProxyState) -> str:
             "backend",
             ((b.name, float(b.healthy)) for b in backends),
         ),
+        *_estimate_gauges(state),
         "# HELP specroute_admission_waiting_requests Requests waiting for a free backend.",
         "# TYPE specroute_admission_waiting_requests gauge",
         f"specroute_admission_waiting_requests {state.admission.waiting}",
+        *state.process.render(),
     ]
     return "\n".join(parts) + "\n"
+
+
+def _estimate_gauges(state: ProxyState) -> list[str]:
+    """The pool's estimates as gauges: acceptance per class, iteration fit per backend."""
+    telemetry = state.pool.telemetry
+    classes = telemetry.classes()
+    fits = telemetry.iteration.items()
+    return [
+        render_labelled_gauge(
+            "specroute_class_accept_alpha",
+            "Estimated per-token draft acceptance of each workload class.",
+            ("workload_class",),
+            (((name,), est.alpha) for name, est in classes.items()),
+        ),
+        render_labelled_gauge(
+            "specroute_class_accept_length",
+            "Estimated tokens per verify of each workload class at each depth seen.",
+            ("workload_class", "steps"),
+            (
+                ((name, str(k)), length)
+                for name, est in classes.items()
+                for k, length in est.accept_length.items()
+            ),
+        ),
+        render_labelled_gauge(
+            "specroute_class_acceptance_samples",
+            "Requests the class's acceptance estimate is made of.",
+            ("workload_class",),
+            (((name,), float(est.samples)) for name, est in classes.items()),
+        ),
+        render_labelled_gauge(
+            "specroute_backend_iteration_seconds",
+            "Fitted iteration time: `intercept` at an empty batch, `per_token` per batch token.",
+            ("backend", "steps", "term"),
+            (
+                (key, value)
+                for (name, k), model in fits
+                for key, value in (
+                    ((name, str(k), "intercept"), model.intercept),
+                    ((name, str(k), "per_token"), model.slope),
+                )
+            ),
+        ),
+    ]
 
 
 class ProxyApp:
@@ -153,6 +240,19 @@ class ProxyApp:
         self.state = state
         self.relay = Relay(state)
         self._framework = framework
+
+    async def drain(self, grace_s: float) -> None:
+        """On SIGTERM: requests in flight get `grace_s` seconds, then an error (see Relay)."""
+        await self.relay.drain(grace_s)
+
+    def routes(self) -> list[tuple[str, str, str]]:
+        """Every (method, path, access) served; access is `public`, `client` or `admin`."""
+        found = {("POST", path, "client") for path in RELAY_PATHS}
+        for route in self._framework.routes:
+            for handler in getattr(route, "route_handlers", ()):
+                for method in sorted(getattr(handler, "http_methods", ())):
+                    found.add((method, route.path, access_of(handler.opt)))
+        return sorted(found)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -166,6 +266,7 @@ class ProxyApp:
 def create_app(config: Config) -> ProxyApp:
     """Build the proxy for `config`; serve the result with any ASGI server."""
     state = ProxyState(config)
+    dashboard = Dashboard(state)
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -176,14 +277,42 @@ def create_app(config: Config) -> ProxyApp:
             await state.stop()
 
     framework = Litestar(
-        route_handlers=_handlers(state),
-        lifespan=[lifespan],
-        exception_handlers={SpecrouteError: _specroute_error, HTTPException: _http_error},
-        openapi_config=None,
+        route_handlers=[*_handlers(state), *dashboard.handlers(), *relay_docs()],
+        guards=[_guard(state)],
+        lifespan=[lifespan, dashboard.lifespan],
+        exception_handlers={
+            SpecrouteError: _specroute_error,
+            HTTPException: _http_error,
+            RecursionError: _too_deep,
+            Exception: _unexpected,
+        },
+        openapi_config=openapi_config(),
         logging_config=None,
     )
     return ProxyApp(state, framework)
 
 
+def _guard(state: ProxyState) -> Any:
+    """Keys on every route: client keys unless the route says `PUBLIC` or `ADMIN`, so a new
+    route is protected by default."""
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+        value = connection.headers.get("authorization")
+        state.auth.require(access_of(handler.opt), value.encode("latin-1") if value else None)
+
+    return guard
+
+
 def _specroute_error(_: Request[Any, Any, Any], exc: SpecrouteError) -> Response[bytes]:
     return _error_response(exc)
+
+
+def _too_deep(_: Request[Any, Any, Any], exc: RecursionError) -> Response[bytes]:
+    """A body nested past the decoder's depth limit is the client's error, not ours."""
+    return _error_response(BadRequestError("request body is nested too deeply"))
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """The last resort: a bug, logged with its traceback, answered in OpenAI's shape."""
+    log.error("request_failed", path=request.url.path, exc_info=exc)
+    return _error_response(SpecrouteError("internal error"))

@@ -1,0 +1,159 @@
+"""The dashboard in a real headless browser (Debian's chromium, driven by Playwright) against a
+running `specroute demo`: live numbers appear and change under load, the policy is switched from
+the page with the admin key, and a screenshot is saved (`SPECROUTE_DASHBOARD_SCREENSHOT` names
+the file; `make dashboard-screenshot` writes docs/img/dashboard.png)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import free_port
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium (make browser installs it)"
+)
+playwright = pytest.importorskip("playwright.sync_api")
+
+ADMIN_KEY = "dashboard-admin"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+NUMBERS = """(metric) => [...document.querySelectorAll(`[data-metric="${metric}"]`)]
+    .map((e) => parseFloat(e.firstChild.textContent))"""
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[str]:
+    """`specroute demo` serving until interrupted, with an admin key from the environment."""
+    port = free_port()
+    env = {**os.environ, "SPECROUTE_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specroute", "demo", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:  # the demo prints this once its own sample traffic is done
+            if line.startswith("Serving until Ctrl-C"):
+                break
+        else:
+            raise RuntimeError(f"the demo exited with {process.wait()}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class Load:
+    """Streamed chat completions from a few threads, half greedy and half sampled, until
+    stopped (at most `limit_s` seconds, so a failed test cannot leave it running)."""
+
+    def __init__(self, url: str, workers: int = 8, limit_s: float = 90.0) -> None:
+        self.url, self.stop, self.deadline = url, threading.Event(), time.monotonic() + limit_s
+        model = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+        self.threads = [
+            threading.Thread(target=self._run, args=(model, i), daemon=True) for i in range(workers)
+        ]
+
+    def _run(self, model: str, i: int) -> None:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Write a short function."}],
+            "max_tokens": 48,
+            "stream": True,
+            "temperature": 0.0 if i % 2 else 1.0,
+        }
+        with httpx.Client(timeout=60) as client:
+            while not self.stop.is_set() and time.monotonic() < self.deadline:
+                with client.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
+                    r.read()
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def test_dashboard_shows_live_numbers_that_change_under_load(demo: str, tmp_path: Path) -> None:
+    wanted = os.environ.get("SPECROUTE_DASHBOARD_SCREENSHOT")
+    shot = Path(wanted or tmp_path / "dashboard.png")
+    # Long enough for the charts to show the switch; longer for the README's picture.
+    hold_ms = 30_000 if wanted else 8_000
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(demo + "/dashboard")
+            page.wait_for_selector("#status.live")
+            page.wait_for_function("document.querySelectorAll('[data-backend]').length === 3")
+            badges = page.eval_on_selector_all(
+                ".card h3 .badge", "els => els.map(e => e.textContent)"
+            )
+            assert badges == ["k=1", "k=2", "k=3"]
+            assert page.text_content("#policy-name") == "least_loaded"
+            with Load(demo):
+                # Tokens flow and requests are in flight on the page, not only in the API.
+                page.wait_for_function(
+                    f"""() => {{ const n = ({NUMBERS});
+                        return n("tok_s").some((v) => v > 0) && n("load").some((v) => v > 0); }}"""
+                )
+                before = page.evaluate(f"({NUMBERS})('tok_s')")
+                seq = int(page.get_attribute("body", "data-seq") or 0)
+                page.wait_for_function(
+                    f"""([before, seq]) => Number(document.body.dataset.seq) >= seq + 2 &&
+                        JSON.stringify(({NUMBERS})("tok_s")) !== JSON.stringify(before)""",
+                    arg=[before, seq],
+                )
+                assert page.text_content("#share-legend b")  # a share per depth is shown
+                _switch_policy_from_the_page(page, demo)
+                page.click("button[data-window='60']")
+                page.wait_for_timeout(hold_ms)
+                page.screenshot(path=str(shot), full_page=True)
+            assert not errors
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 20_000
+
+
+def _switch_policy_from_the_page(page: playwright.Page, url: str) -> None:
+    page.select_option("#policy-select", "throughput")
+    page.fill("#admin-key", "not-the-key")
+    page.click("#switch-button")
+    page.wait_for_selector("#switch-msg.err")
+    assert httpx.get(url + "/policy", timeout=10).json()["policy"] == "least_loaded"
+    page.fill("#admin-key", ADMIN_KEY)
+    page.click("#switch-button")
+    page.wait_for_selector("#switch-msg.ok")
+    assert "throughput" in (page.text_content("#switch-msg") or "")
+    assert httpx.get(url + "/policy", timeout=10).json()["policy"] == "throughput"
+    page.wait_for_function("document.querySelector('#policy-name').textContent === 'throughput'")
