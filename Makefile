@@ -36,3 +36,56 @@ calibrate: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info
+
+# SGLang's own argument resolver on the launcher's command lines (NEXTN, EAGLE, EAGLE3; several
+# depths and TP sizes). A separate environment: sglang goes in without its GPU dependencies, torch
+# and torchvision are the builds pip finds on this machine's disk. No GPU, no model download.
+SGLANG_VENV  ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-stamp
+
+$(SGLANG_STAMP): deploy/sglang-check/requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang==0.5.23
+	$(SGLANG_VENV)/bin/pip install --quiet -r deploy/sglang-check/requirements.txt
+	$(SGLANG_VENV)/bin/pip install --quiet -e .
+	@touch $(SGLANG_STAMP)
+
+.PHONY: sglang-check
+sglang-check: $(SGLANG_STAMP)
+	$(SGLANG_VENV)/bin/python -m specroute.pool.sglang_matrix
+
+# The dashboard's browser test drives Debian's chromium (never a downloaded browser). CI runs as
+# root on a fresh machine, so `make test` installs it there; elsewhere without root the test skips.
+.PHONY: browser dashboard-screenshot
+browser:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else \
+	    echo "no /usr/bin/chromium and not root: tests/test_dashboard_browser.py will skip"; \
+	  fi; \
+	fi
+
+unit: browser
+
+# Refresh the README's picture of the dashboard from the browser test.
+dashboard-screenshot: install browser
+	SPECROUTE_DASHBOARD_SCREENSHOT=docs/img/dashboard.png $(BIN)/pytest -q tests/test_dashboard_browser.py
+
+# Resilience figures (loopback only; each stops by itself). `make chaos`: the bench through the
+# proxy while backends are killed, frozen, restarted, answer 500s or malformed SSE (seeded).
+# `make soak`: steady streams for a set time, memory, descriptors, loop lag and latency sampled.
+CHAOS_DURATION    ?= 180
+CHAOS_CONCURRENCY ?= 32
+CHAOS_SEED        ?= 7
+SOAK_DURATION     ?= 600
+SOAK_CONCURRENCY  ?= 256
+
+.PHONY: chaos soak
+chaos: install
+	$(PY) benchmarks/chaos.py --duration $(CHAOS_DURATION) --concurrency $(CHAOS_CONCURRENCY) --seed $(CHAOS_SEED)
+
+soak: install
+	$(PY) benchmarks/soak.py --duration $(SOAK_DURATION) --concurrency $(SOAK_CONCURRENCY)

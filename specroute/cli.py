@@ -6,15 +6,24 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from specroute import __version__, calibrate
+from specroute import __version__, calibrate, demo
 from specroute.bench import command as bench_command
 from specroute.emulator import command as emulator_command
 from specroute.policies import command as policies_command
+from specroute.pool import command as launch_command
 from specroute.proxy import command as proxy_command
 
 __all__ = ["build_parser", "main"]
 
-COMMANDS = (calibrate, emulator_command, bench_command, proxy_command, policies_command)
+COMMANDS = (
+    demo,
+    calibrate,
+    emulator_command,
+    bench_command,
+    proxy_command,
+    launch_command,
+    policies_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,17 @@ import structlog
 __all__ = ["configure_logging"]
 
 
+class _CurrentStderr:
+    """Writes to whatever `sys.stderr` is at write time, so a logger cached early (module
+    level, first use) never holds on to a stream that was replaced and closed since."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
     """Set up structlog for the whole process; call once from the command entry point."""
     as_json = not sys.stderr.isatty() if json is None else json
@@ -29,6 +40,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # PrintLogger only calls write() and flush(): the proxy stands in for a TextIO.
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )

@@ -1,0 +1,218 @@
+"""`specroute demo`: the proxy on localhost in front of three emulated SGLang servers.
+
+Starts emulated servers at steps 1, 2 and 3 (no GPU: the emulator's calibrated model stands in),
+starts `specroute serve` in front of them, sends a short run of greedy and sampled requests to
+show where each went and why, prints how to point the OpenAI client at it, and serves until
+Ctrl-C, then stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import signal
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import httpx
+import msgspec
+
+from specroute.emulator.fleet import EmulatedServer, emulated_fleet
+from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.logs import configure_logging
+
+__all__ = ["register"]
+
+STEPS = (1, 2, 3)
+PROMPT = "Explain in one paragraph why speculative decoding helps most when a GPU is not busy."
+SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_p": 0.95}}
+_chunk = msgspec.json.Decoder(dict[str, object])
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) != 0
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(
+    servers: Sequence[EmulatedServer], host: str, port: int, policy: str
+) -> AsyncIterator[str]:
+    """`specroute serve` in a child process, ready when the block starts."""
+    backends = [arg for s in servers for arg in ("--backend", s.url)]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "specroute", "serve", *backends, "--host", host,
+        "--port", str(port), "--policy", policy, "--log-level", "warning",
+    )  # fmt: skip
+    url = f"http://{host}:{port}"
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            for _ in range(300):
+                if process.returncode is not None:
+                    raise RuntimeError(f"the proxy exited with status {process.returncode}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url + "/ready")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                raise TimeoutError("the proxy did not become ready within 30 s")
+        yield url
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+class Served(msgspec.Struct):
+    kind: str
+    backend: str
+    steps: str
+    tokens: int
+    tok_s: float
+    ttft_ms: float
+
+
+async def one_request(
+    client: httpx.AsyncClient, url: str, model: str, kind: str, max_tokens: int
+) -> Served:
+    """A streamed chat completion; tokens counted from the usage the proxy passes on."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **SAMPLINGS[kind],
+    }
+    start = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = _chunk.decode(line[6:])
+            if not first and chunk.get("choices"):
+                first = time.perf_counter()
+            usage = chunk.get("usage")
+            if isinstance(usage, dict):
+                tokens = int(usage.get("completion_tokens", 0))
+    end = time.perf_counter()
+    decode = end - (first or start)
+    return Served(
+        kind=kind,
+        backend=response.headers.get("x-specroute-backend", "?"),
+        steps=response.headers.get("x-specroute-steps", "?"),
+        tokens=tokens,
+        tok_s=(tokens - 1) / decode if tokens > 1 and decode > 0 else 0.0,
+        ttft_ms=((first or end) - start) * 1000,
+    )
+
+
+async def show_traffic(url: str, policy: str) -> str:
+    """Requests alone, then a burst of 24 at once, with where each went."""
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        print(f"\nModel served by the pool: {model}. Policy: {policy}.\n")
+        print("One request at a time:")
+        print(
+            f"  {'traffic':8} {'backend':24} {'steps':>5} {'tokens':>6} {'tok/s':>7} {'TTFT ms':>8}"
+        )
+        for kind in ("greedy", "sampled", "greedy"):
+            s = await one_request(client, url, model, kind, 96)
+            print(
+                f"  {s.kind:8} {s.backend:24} {s.steps:>5} {s.tokens:>6} {s.tok_s:7.1f} "
+                f"{s.ttft_ms:8.1f}"
+            )
+        print("\n24 requests at once (half greedy, half sampled):")
+        burst = await asyncio.gather(
+            *(one_request(client, url, model, ("greedy", "sampled")[i % 2], 96) for i in range(24))
+        )
+        by_backend: dict[tuple[str, str], list[Served]] = collections.defaultdict(list)
+        for s in burst:
+            by_backend[s.backend, s.steps].append(s)
+        head = f"{'requests':>8} {'greedy':>6} {'sampled':>7} {'mean tok/s':>10}"
+        print(f"  {'backend':24} {'steps':>5} {head}")
+        for (backend, steps), served in sorted(by_backend.items(), key=lambda kv: kv[0][1]):
+            greedy = sum(s.kind == "greedy" for s in served)
+            mean = sum(s.tok_s for s in served) / len(served)
+            print(
+                f"  {backend:24} {steps:>5} {len(served):>8} {greedy:>6} "
+                f"{len(served) - greedy:>7} {mean:10.1f}"
+            )
+    return str(model)
+
+
+def client_lines(url: str, model: str) -> str:
+    return f"""
+Point the official OpenAI client at the proxy:
+
+    from openai import OpenAI
+    client = OpenAI(base_url="{url}/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model="{model}", messages=[{{"role": "user", "content": "Hello"}}], max_tokens=64
+    )
+    print(reply.choices[0].message.content)
+
+Or look around:  curl {url}/pool    curl {url}/metrics    curl {url}/v1/models
+"""
+
+
+async def demo(args: argparse.Namespace) -> int:
+    if not _port_free(args.host, args.port):
+        print(f"specroute demo: port {args.port} is in use; pass --port", file=sys.stderr)
+        return 2
+    print(
+        "specroute demo: starting three EMULATED SGLang servers (no GPU; a model calibrated to "
+        f"the seed measurement, profile {args.profile}) at steps 1, 2 and 3, and the proxy in "
+        "front of them...",
+        flush=True,
+    )
+    async with emulated_fleet(STEPS, profile=args.profile) as servers:
+        for s in servers:
+            print(f"  emulated backend {s.label:7} {s.url}")
+        async with running_proxy(servers, args.host, args.port, args.policy) as url:
+            print(f"  proxy                   {url}", flush=True)
+            model = await show_traffic(url, args.policy)
+            print(client_lines(url, model), flush=True)
+            if args.exit_after_traffic:
+                return 0
+            print("Serving until Ctrl-C.", flush=True)
+            await asyncio.Event().wait()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_logging("warning")
+    try:
+        return asyncio.run(demo(args))
+    except KeyboardInterrupt:
+        print("\nStopped the proxy and the emulated servers.")
+        return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="the proxy on localhost in front of three emulated servers, until Ctrl-C",
+        description=__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--policy", default="least_loaded")
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
+    parser.add_argument(
+        "--exit-after-traffic", action="store_true",
+        help="stop after the sample requests instead of serving until Ctrl-C",
+    )  # fmt: skip
+    parser.set_defaults(run=_run)
