@@ -29,6 +29,7 @@ __all__ = ["register"]
 
 STEPS = (1, 2, 3)
 PROMPT = "Explain in one paragraph why speculative decoding helps most when a GPU is not busy."
+SINGLES = ("greedy", "sampled", "greedy", "sampled")
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "sampled": {"temperature": 1.0, "top_p": 0.95}}
 _chunk = msgspec.json.Decoder(dict[str, object])
 
@@ -72,6 +73,7 @@ async def running_proxy(
 
 
 class Served(msgspec.Struct):
+    request_id: str
     kind: str
     backend: str
     steps: str
@@ -109,6 +111,7 @@ async def one_request(
     end = time.perf_counter()
     decode = end - (first or start)
     return Served(
+        request_id=response.headers.get("x-request-id", ""),
         kind=kind,
         backend=response.headers.get("x-specroute-backend", "?"),
         steps=response.headers.get("x-specroute-steps", "?"),
@@ -118,21 +121,24 @@ async def one_request(
     )
 
 
+async def decision_reasons(client: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """The policy's reason for each recent request, from `GET /pool`, by request id."""
+    recent = (await client.get(url + "/pool")).json().get("recent_decisions", [])
+    return {d["request_id"]: d["reason"] for d in recent if isinstance(d, dict)}
+
+
 async def show_traffic(url: str, policy: str) -> str:
     """Requests alone, then a burst of 24 at once, with where each went."""
     async with httpx.AsyncClient(timeout=120.0) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         print(f"\nModel served by the pool: {model}. Policy: {policy}.\n")
-        print("One request at a time:")
-        print(
-            f"  {'traffic':8} {'backend':24} {'steps':>5} {'tokens':>6} {'tok/s':>7} {'TTFT ms':>8}"
-        )
-        for kind in ("greedy", "sampled", "greedy"):
-            s = await one_request(client, url, model, kind, 96)
-            print(
-                f"  {s.kind:8} {s.backend:24} {s.steps:>5} {s.tokens:>6} {s.tok_s:7.1f} "
-                f"{s.ttft_ms:8.1f}"
-            )
+        print("One request at a time, and why the policy chose its backend:")
+        print(f"  {'traffic':8} {'backend':24} {'steps':>5} {'tokens':>6} {'tok/s':>7}  why")
+        alone = [await one_request(client, url, model, kind, 96) for kind in SINGLES]
+        reasons = await decision_reasons(client, url)
+        for s in alone:
+            why = reasons.get(s.request_id, "")
+            print(f"  {s.kind:8} {s.backend:24} {s.steps:>5} {s.tokens:>6} {s.tok_s:7.1f}  {why}")
         print("\n24 requests at once (half greedy, half sampled):")
         burst = await asyncio.gather(
             *(one_request(client, url, model, ("greedy", "sampled")[i % 2], 96) for i in range(24))
@@ -209,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--policy", default="least_loaded")
+    parser.add_argument("--policy", default="throughput")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
     parser.add_argument(
         "--exit-after-traffic", action="store_true",

@@ -56,6 +56,7 @@ def pool_info(state: ProxyState) -> dict[str, Any]:
         "policy": state.policy.name,
         "waiting": state.admission.waiting,
         "backends": backends,
+        "recent_decisions": state.decisions.render(),
     }
 
 

@@ -180,6 +180,14 @@ class Relay:
         for attempt in range(1, retry.max_attempts + 1):
             lease, decision = await state.admission.admit(ex.request, state.policy, tried)
             ex.begin_attempt(lease, decision)
+            state.decisions.record(
+                ex.request_id,
+                ex.request.workload_class,
+                lease.backend.name,
+                lease.backend.steps,
+                ex.policy,
+                decision.reason,
+            )
             state.metrics.decisions.inc((ex.policy, lease.backend.name))
             tried.append(lease.backend.name)
             reason = await self._attempt(

@@ -9,6 +9,7 @@ from specroute.policies import Policy, create
 from specroute.pool import Pool, UpstreamClient
 from specroute.proxy.admission import Admission
 from specroute.proxy.auth import Auth
+from specroute.proxy.decisions import RecentDecisions
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.process import ProcessMonitor
 
@@ -26,6 +27,7 @@ class ProxyState:
         self.admission = Admission(self.pool, config.admission)
         self.auth = Auth(config.api_keys, config.admin_key)
         self.metrics = ProxyMetrics()
+        self.decisions = RecentDecisions()
         self.process = ProcessMonitor()
         self.started = time.time()  # wall clock only for `created` in /v1/models
 
