@@ -44,7 +44,16 @@ def demo() -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "SPECROUTE_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "specroute", "demo", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "specroute",
+            "demo",
+            "--policy",
+            "least_loaded",
+            "--port",
+            str(port),
+        ],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
