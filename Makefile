@@ -20,8 +20,8 @@ demo: install
 	$(BIN)/specroute demo
 
 lint: install
-	$(BIN)/ruff check specroute tests
-	$(BIN)/ruff format --check specroute tests
+	$(BIN)/ruff check specroute tests benchmarks
+	$(BIN)/ruff format --check specroute tests benchmarks
 
 types: install
 	$(BIN)/mypy
@@ -32,7 +32,7 @@ unit: install
 test: lint types unit
 
 calibrate: install
-	$(BIN)/specroute emulate-calibration
+	$(BIN)/specroute calibrate
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build dist *.egg-info
