@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specroute.policies.predict import expected_tokens
+
 __all__ = [
     "AcceptanceEstimate",
     "AcceptanceEstimator",
@@ -18,15 +20,6 @@ __all__ = [
     "alpha_from_accept_length",
     "expected_tokens",
 ]
-
-
-def expected_tokens(alpha: float, steps: int) -> float:
-    """E_k(alpha) = 1 + alpha + ... + alpha^k: tokens one verify yields at constant acceptance."""
-    if steps <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return float(steps + 1)
-    return (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
 
 
 def alpha_from_accept_length(accept_length: float, steps: int) -> float:
