@@ -257,7 +257,11 @@ class Relay:
     ) -> None:
         body = strip_reply(await upstream.read(), extras, ex.meter)
         ex.status = upstream.status
-        headers = [(b"content-type", upstream.content_type), *ex.backend_headers()]
+        headers = [
+            (b"content-type", upstream.content_type),
+            (b"content-length", str(len(body)).encode()),
+            *ex.backend_headers(),
+        ]
         ex.committed = ex.finished = True
         await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
