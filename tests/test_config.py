@@ -75,3 +75,14 @@ def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
 def test_duplicate_backend_names_are_rejected() -> None:
     with pytest.raises(ConfigError, match="unique"):
         load_config(overrides={"backends": [{"url": "http://a:1"}, {"url": "http://a:1"}]})
+
+
+def test_shipped_example_config_loads_as_documented() -> None:
+    from pathlib import Path
+
+    from specroute.config import load_config as load
+
+    example = Path(__file__).parent.parent / "examples" / "specroute.toml"
+    config = load(example, environ={})
+    assert [b.label for b in config.backends] == ["steps1", "steps2", "steps3"]
+    assert config.policy.startswith("throughput")
