@@ -26,12 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from harness import Emulator, Proxy, metric_sum, open_fds, upstream_connections
+from harness import (
+    Emulator,
+    Proxy,
+    closed_loop_through,
+    metric_sum,
+    open_fds,
+    upstream_connections,
+)
 
-from specroute.bench import ApiSettings, BenchClient, RequestRecord, Sampling, SweepSettings, Target
-from specroute.bench.sweep import LevelPlan, run_level
+from specroute.bench import RequestRecord, Sampling
 
-MODEL = "Qwen/Qwen3.5-122B-A10B"
 CONFIG = """
 [health]
 interval_s = 0.25
@@ -183,24 +188,14 @@ async def load(proxy: Proxy, args: argparse.Namespace) -> list[RequestRecord]:
         Sampling(name="short", weight=1.0, max_tokens=32),
         Sampling(name="long", weight=1.0, max_tokens=args.max_tokens),
     ]
-    settings = SweepSettings(
-        targets=[Target(label="proxy", url=proxy.url)],
-        mix=mix,
-        api=ApiSettings(model=MODEL, timeout=args.deadline),
-        keep_chunks=False,
-    )
-    plan = LevelPlan(
-        url=proxy.url,
-        model=MODEL,
+    return await closed_loop_through(
+        proxy.url,
+        mix,
         concurrency=args.concurrency,
-        rate=None,
-        requests=None,
         duration=args.duration,
         seed=args.seed,
+        request_timeout_s=args.deadline,
     )
-    async with BenchClient(connections=args.concurrency + 8, timeout=args.deadline) as client:
-        records, _ = await run_level(client, settings, plan)
-    return records
 
 
 def report(

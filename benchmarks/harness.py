@@ -17,6 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from specroute.bench import ApiSettings, BenchClient, RequestRecord, Sampling, SweepSettings, Target
+from specroute.bench.sweep import LevelPlan, run_level
+
 __all__ = [
     "Emulator",
     "Proxy",
@@ -208,3 +211,37 @@ def upstream_connections(pid: int, ports: set[int]) -> int:
                 if parts[9] in inodes and remote_port in ports and parts[3] != "07":
                     count += 1
     return count
+
+
+MODEL = "Qwen/Qwen3.5-122B-A10B"
+
+
+async def closed_loop_through(
+    url: str,
+    mix: list[Sampling],
+    *,
+    concurrency: int,
+    duration: float,
+    seed: int,
+    request_timeout_s: float,
+    origin: float | None = None,
+) -> list[RequestRecord]:
+    """`concurrency` users sending the `mix` to `url` for `duration` seconds, chunks not kept."""
+    settings = SweepSettings(
+        targets=[Target(label="proxy", url=url)],
+        mix=mix,
+        api=ApiSettings(model=MODEL, timeout=request_timeout_s),
+        keep_chunks=False,
+    )
+    plan = LevelPlan(
+        url=url,
+        model=MODEL,
+        concurrency=concurrency,
+        rate=None,
+        requests=None,
+        duration=duration,
+        seed=seed,
+    )
+    async with BenchClient(connections=concurrency + 8, timeout=request_timeout_s) as client:
+        records, _ = await run_level(client, settings, plan, origin=origin)
+    return records

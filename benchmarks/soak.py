@@ -20,13 +20,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from harness import Emulator, Proxy, metric_sum, open_fds, rss_bytes, upstream_connections
+from harness import (
+    Emulator,
+    Proxy,
+    closed_loop_through,
+    metric_sum,
+    open_fds,
+    rss_bytes,
+    upstream_connections,
+)
 
-from specroute.bench import ApiSettings, BenchClient, RequestRecord, Sampling, SweepSettings, Target
+from specroute.bench import RequestRecord, Sampling
 from specroute.bench.stats import percentile
-from specroute.bench.sweep import LevelPlan, run_level
 
-MODEL = "Qwen/Qwen3.5-122B-A10B"
 CONFIG = """
 log_level = "info"
 [health]
@@ -182,23 +188,15 @@ def report(args: argparse.Namespace, samples: list[Sample], records: list[Reques
 
 
 async def load(proxy: Proxy, args: argparse.Namespace, origin: float) -> list[RequestRecord]:
-    settings = SweepSettings(
-        targets=[Target(label="proxy", url=proxy.url)],
-        mix=[Sampling(max_tokens=args.max_tokens)],
-        api=ApiSettings(model=MODEL, timeout=args.duration + 300),
-        keep_chunks=False,
-    )
-    plan = LevelPlan(
-        url=proxy.url,
-        model=MODEL,
+    records = await closed_loop_through(
+        proxy.url,
+        [Sampling(max_tokens=args.max_tokens)],
         concurrency=args.concurrency,
-        rate=None,
-        requests=None,
         duration=args.duration,
         seed=args.seed,
+        request_timeout_s=args.duration + 300,
+        origin=origin,
     )
-    async with BenchClient(connections=args.concurrency + 8, timeout=args.duration + 300) as c:
-        records, _ = await run_level(c, settings, plan, origin=origin)
     for record in records:  # bench keeps no chunks here; drop the rest of the weight too
         record.chunk_times, record.chunk_tokens = [], []
     return records
