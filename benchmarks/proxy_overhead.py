@@ -1,6 +1,6 @@
 """The proxy's added latency and throughput against a fast canned upstream, beside going direct.
 
-    python benchmarks/proxy_overhead.py [--requests 2000] [--transport httpx|aiohttp]
+    python benchmarks/proxy_overhead.py [--requests 2000] [--transport h1|httpx]
                                         [--dashboard-clients N]
 
 Starts a minimal SGLang-like upstream (raw ASGI on uvicorn: a canned chat completion and a
@@ -113,23 +113,24 @@ def _serve_upstream(port: int) -> None:
     uvicorn.run(upstream, port=port, log_level="warning", loop="uvloop", http="httptools")
 
 
-def _serve_proxy(port: int, backend: str, transport: str, loop: str, http: str) -> None:
-    import uvicorn
-
+def _serve_proxy(port: int, backend: str, transport: str) -> None:
+    """The proxy as `specroute serve` runs it (uvloop, the limited httptools protocol)."""
     from specroute.config import load_config
     from specroute.logs import configure_logging
     from specroute.proxy import create_app
+    from specroute.proxy.server import serve
 
     configure_logging("warning", json=True)
     config = load_config(
         overrides={
             "backends": [{"url": backend}],
             "port": port,
+            "host": "127.0.0.1",
             "client": {"transport": transport},
             "log_level": "warning",
         }
     )
-    uvicorn.run(create_app(config), port=port, log_level="warning", loop=loop, http=http)
+    serve(create_app(config), config)
 
 
 @contextlib.contextmanager
@@ -221,9 +222,7 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--transport", choices=["httpx", "aiohttp"], default="aiohttp")
-    parser.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
-    parser.add_argument("--http", choices=["httptools", "h11"], default="httptools")
+    parser.add_argument("--transport", choices=["h1", "httpx"], default="h1")
     parser.add_argument(
         "--dashboard-clients", type=int, default=0, metavar="N",
         help="keep N dashboard viewers polling the proxy during the run",
@@ -234,15 +233,14 @@ def main() -> None:
     load = f"import runpy; m = runpy.run_path({here!r}); m"
     up_code = f"{load}['_serve_upstream']({up_port})"
     proxy_code = (
-        f"{load}['_serve_proxy']({proxy_port}, 'http://127.0.0.1:{up_port}', "
-        f"{args.transport!r}, {args.loop!r}, {args.http!r})"
+        f"{load}['_serve_proxy']({proxy_port}, 'http://127.0.0.1:{up_port}', {args.transport!r})"
     )
     viewers_code = (
         f"import asyncio, runpy; m = runpy.run_path({here!r}); "
         f"asyncio.run(m['_view_dashboards']({proxy_port}, {args.dashboard_clients}))"
     )
     print(
-        f"transport={args.transport} loop={args.loop} http={args.http} requests={args.requests} "
+        f"transport={args.transport} requests={args.requests} "
         f"dashboard_clients={args.dashboard_clients}"
     )
     print(f"{'kind':7} {'conc':>4} {'target':7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import Server, run_server, start_emulator
+from servers import Server, free_port, run_server, start_emulator
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 FAST = ("--time-scale", "50", "--seed", "5")
@@ -87,6 +87,48 @@ def test_client_disconnect_cancels_the_upstream_request(tmp_path: Path) -> None:
             next(reply.iter_raw())  # the stream is under way; now hang up
         wait_for(lambda: aborted(backend) >= 1)
         wait_for(lambda: in_flight(proxy) == [0])
+
+
+def test_client_that_gives_up_on_a_whole_reply_cancels_it_too(tmp_path: Path) -> None:
+    with start_emulator(3, "--seed", "1") as backend, serve(tmp_path, [backend]) as proxy:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(proxy.url + "/v1/chat/completions", json=chat(4000, False), timeout=0.5)
+        wait_for(lambda: aborted(backend) >= 1)
+        wait_for(lambda: in_flight(proxy) == [0])
+
+
+def test_client_disconnect_cancels_upstream_under_any_asgi_server() -> None:
+    """Under uvicorn's plain protocols (no DisconnectSignal) the relay watches `receive()`."""
+    import threading
+
+    import uvicorn
+
+    from specroute.config import load_config
+    from specroute.proxy import create_app
+
+    with start_emulator(3, "--seed", "1") as backend:
+        port = free_port()
+        config = load_config(overrides={"backends": [{"url": backend.url}], "port": port})
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(config), port=port, http="h11", log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _ready(url))
+            with httpx.stream("POST", url + "/v1/chat/completions", json=chat(4000)) as reply:
+                next(reply.iter_raw())
+            wait_for(lambda: aborted(backend) >= 1)
+        finally:
+            server.should_exit = True
+            thread.join(10)
+
+
+def _ready(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url + "/ready").status_code == 200
+    return False
 
 
 def test_backend_killed_mid_stream_ends_with_error_event_and_done(tmp_path: Path) -> None:

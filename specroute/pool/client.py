@@ -1,18 +1,20 @@
-"""The one upstream HTTP client (httpx): probes, scrapes and streamed requests to backends.
+"""The one upstream HTTP client: probes, scrapes and streamed requests to backends.
 
-Every other module sees only `UpstreamResponse` and the `UpstreamFailure` tree, so the
-transport can change without touching the relay.
+Proxied requests go through `H1Pool` directly (bytes in, chunks out); probes, discovery and
+scrapes through `httpx.AsyncClient` over the same HTTP/1.1 code (`H1Transport`), on a pool of
+their own. `transport = "httpx"` in the config puts both on httpx's own connection pool
+instead. Every other module sees only `UpstreamResponse` and the `UpstreamFailure` tree.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
 from specroute.config import ClientConfig, TimeoutConfig
-from specroute.pool.transport import AiohttpTransport
+from specroute.pool.h1 import H1Pool, H1Transport
 
 __all__ = [
     "ConnectFailed",
@@ -41,22 +43,34 @@ class StreamBroken(UpstreamFailure):
 
 
 def _translate(exc: httpx.HTTPError) -> UpstreamFailure:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return ConnectFailed(f"cannot connect: {exc!r}")
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        return ConnectFailed(f"cannot connect: {exc}")
     if isinstance(exc, httpx.TimeoutException):
-        return TimedOut(f"upstream timed out ({type(exc).__name__})")
+        return TimedOut(f"upstream timed out ({type(exc).__name__}: {exc})")
     return StreamBroken(f"{type(exc).__name__}: {exc}")
+
+
+NextChunk = Callable[[float | None], Awaitable[bytes | None]]
 
 
 class UpstreamResponse:
     """A reply whose body has not been read yet; `aclose()` it in `finally`."""
 
-    __slots__ = ("_response", "headers", "status")
+    __slots__ = ("_close", "_first_byte_s", "_next", "headers", "status")
 
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self.status = response.status_code
-        self.headers = response.headers.raw
+    def __init__(
+        self,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        next_chunk: NextChunk,
+        close: Callable[[], Awaitable[None] | None],
+        first_byte_s: float,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._next = next_chunk
+        self._close = close
+        self._first_byte_s = first_byte_s
 
     @property
     def content_type(self) -> bytes:
@@ -66,82 +80,115 @@ class UpstreamResponse:
         return b"application/json"
 
     async def read(self) -> bytes:
+        """The whole body; each wait for more is bounded by `first_byte_s`."""
+        parts = []
+        while (chunk := await self._chunk(self._first_byte_s)) is not None:
+            parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def chunks(self, idle_s: float) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive: the first within `first_byte_s`, each next within
+        `idle_s`."""
+        wait_s = self._first_byte_s
+        while (chunk := await self._chunk(wait_s)) is not None:
+            wait_s = idle_s
+            yield chunk
+
+    async def _chunk(self, wait_s: float) -> bytes | None:
         try:
-            return await self._response.aread()
+            return await self._next(wait_s)
+        except httpx.TimeoutException as exc:
+            raise TimedOut(f"stream idle for more than {wait_s:g} s") from exc
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
 
-    async def chunks(self, idle_s: float) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive; the wait for any chunk after the first is bounded."""
-        stream = self._response.aiter_raw().__aiter__()
-        first = True
-        while True:
-            try:
-                if first:
-                    chunk = await stream.__anext__()
-                    first = False
-                else:
-                    async with asyncio.timeout(idle_s):
-                        chunk = await stream.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError as exc:
-                raise TimedOut(f"stream idle for more than {idle_s:g} s") from exc
-            except httpx.HTTPError as exc:
-                raise _translate(exc) from exc
-            yield chunk
-
     async def aclose(self) -> None:
-        await self._response.aclose()
+        closing = self._close()
+        if closing is not None:
+            await closing
+
+
+def _httpx_reader(response: httpx.Response) -> NextChunk:
+    """`next_chunk` over an httpx response, for the `httpx` transport."""
+    stream = response.aiter_raw().__aiter__()
+
+    async def next_chunk(wait_s: float | None) -> bytes | None:
+        try:
+            async with asyncio.timeout(wait_s):
+                return await anext(stream, None)
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(f"nothing within {wait_s:g} s") from exc
+
+    return next_chunk
 
 
 class UpstreamClient:
-    """Owns the connection pool; build once in the app's lifespan and close at shutdown.
+    """Owns the connection pools; build once in the app's lifespan and close at shutdown.
 
-    Proxied requests go straight to the httpx transport with a prebuilt URL per target: the
-    `AsyncClient` layers (cookies, auth, redirects, URL merging) cost more than the transport
-    itself on this path and do nothing a proxy wants. Probes use the full client over a pool of
-    their own: sharing one would keep every idle proxied connection alive (aiohttp reuses its
-    idle connections in turn), so the pool would never shrink after a burst.
+    Proxied requests skip httpx's `Request`/`Response` objects and `AsyncClient` layers
+    (cookies, auth, redirects, URL merging): on this path they cost more than the HTTP itself
+    and do nothing a proxy wants. Probes use a pool of their own: sharing one would keep idle
+    proxied connections alive, so the pool would never shrink after a burst.
     """
 
     def __init__(self, timeouts: TimeoutConfig, client: ClientConfig) -> None:
-        limits = httpx.Limits(
-            max_connections=client.max_connections,
-            max_keepalive_connections=client.max_connections,
-            keepalive_expiry=30.0,
-        )
+        self._timeouts = timeouts
         timeout = httpx.Timeout(
             connect=timeouts.connect_s,
             read=timeouts.first_byte_s,
             write=timeouts.connect_s,
             pool=timeouts.first_byte_s,
         )
-        self._transport: httpx.AsyncBaseTransport = (
-            AiohttpTransport(client.max_connections)
-            if client.transport == "aiohttp"
-            else httpx.AsyncHTTPTransport(limits=limits, http1=True)
-        )
-        self._extensions = {"timeout": timeout.as_dict()}
+        self._timeout_dict: dict[str, float | None] = dict(timeout.as_dict())
+        self._pool: H1Pool | None = None
+        self._httpx: httpx.AsyncHTTPTransport | None = None
+        if client.transport == "h1":
+            self._pool = H1Pool(client.max_connections)
+            probes = H1Transport(H1Pool(64))
+            self._client = httpx.AsyncClient(timeout=timeout, transport=probes)
+        else:
+            limits = httpx.Limits(
+                max_connections=client.max_connections,
+                max_keepalive_connections=client.max_connections,
+                keepalive_expiry=4.0,
+            )
+            self._httpx = httpx.AsyncHTTPTransport(limits=limits, http1=True)
+            probe_limits = httpx.Limits(max_keepalive_connections=64, keepalive_expiry=4.0)
+            self._client = httpx.AsyncClient(timeout=timeout, limits=probe_limits)
         self._urls: dict[str, httpx.URL] = {}
-        probe_limits = httpx.Limits(max_keepalive_connections=64, keepalive_expiry=10.0)
-        self._client = httpx.AsyncClient(timeout=timeout, limits=probe_limits)
 
     async def send(
         self, method: str, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> UpstreamResponse:
-        """Send and return once the status line and headers are in."""
+        """Send and return once the status line and headers are in. `headers` carry neither
+        Host nor Content-Length."""
         target = self._urls.get(url)
         if target is None:
             target = self._urls[url] = httpx.URL(url)
-        request = httpx.Request(
-            method, target, content=body, headers=headers, extensions=self._extensions
-        )
+        first_byte_s = self._timeouts.first_byte_s
         try:
-            response = await self._transport.handle_async_request(request)
+            if self._pool is not None:
+                reply = await self._pool.request(
+                    method.encode("ascii"), target, headers, body, self._timeout_dict
+                )
+                return UpstreamResponse(
+                    reply.status, reply.headers, reply.next_chunk, reply.close, first_byte_s
+                )
+            assert self._httpx is not None
+            request = httpx.Request(
+                method, target, content=body, headers=headers,
+                extensions={"timeout": self._timeout_dict},
+            )  # fmt: skip
+            response = await self._httpx.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
-        return UpstreamResponse(response)
+        return UpstreamResponse(
+            response.status_code,
+            response.headers.raw,
+            _httpx_reader(response),
+            response.aclose,
+            first_byte_s,
+        )
 
     async def get(
         self, url: str, *, timeout_s: float, headers: list[tuple[bytes, bytes]] | None = None
@@ -155,4 +202,7 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-        await self._transport.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._httpx is not None:
+            await self._httpx.aclose()

@@ -12,10 +12,13 @@ from typing import Any
 from specroute.errors import PayloadTooLargeError, RequestTimeoutError
 
 __all__ = [
+    "DISCONNECT",
     "ClientGone",
+    "DisconnectSignal",
     "Receive",
     "Scope",
     "Send",
+    "disconnect_signal",
     "header",
     "printable",
     "read_body",
@@ -31,6 +34,33 @@ _REQUEST_ID_MAX = 128
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
+
+
+DISCONNECT = "specroute.disconnect"
+"""The scope extension under which the proxy's own server protocol puts a `DisconnectSignal`."""
+
+
+class DisconnectSignal:
+    """Fired by the server protocol when a client's connection drops before its reply ended:
+    calls `on_fire` at once. Cheaper than a task per request waiting on `receive()`, which is
+    the fallback under other ASGI servers."""
+
+    __slots__ = ("fired", "on_fire")
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.on_fire: Callable[[], None] | None = None
+
+    def fire(self) -> None:
+        self.fired = True
+        callback, self.on_fire = self.on_fire, None
+        if callback is not None:
+            callback()
+
+
+def disconnect_signal(scope: Scope) -> DisconnectSignal | None:
+    extensions = scope.get("extensions")
+    return extensions.get(DISCONNECT) if extensions else None
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -30,9 +31,11 @@ from specroute.proxy.exchange import Exchange
 from specroute.proxy.fields import Extras, decode_fields, route_request, upstream_body
 from specroute.proxy.intake import (
     ClientGone,
+    DisconnectSignal,
     Receive,
     Scope,
     Send,
+    disconnect_signal,
     header,
     printable,
     read_body,
@@ -113,6 +116,7 @@ class Relay:
         assert task is not None
         self._open.add(task)
         watcher: asyncio.Task[None] | None = None
+        signal: DisconnectSignal | None = None
         try:
             if self.draining:
                 raise _shutting_down()
@@ -127,7 +131,13 @@ class Relay:
             klass = self._workload_class(header(scope, b"x-specroute-class"))
             ex.request = route_request(route, fields, klass)
             forwarded, extras = upstream_body(body, fields, state.config.learn)
-            watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
+            signal = disconnect_signal(scope)
+            if signal is None:
+                watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
+            elif signal.fired:
+                raise ClientGone
+            else:
+                signal.on_fire = partial(_client_left, task, ex)
             await self._forward(ex, forwarded, extras, send)
         except SpecrouteError as exc:
             await self._send_error(ex, exc, send)
@@ -148,6 +158,8 @@ class Relay:
                 self._idle.set()
             if watcher is not None:
                 watcher.cancel()
+            elif signal is not None:
+                signal.on_fire = None
             ex.finish(state.metrics)
 
     def _workload_class(self, given: bytes | None) -> str | None:
@@ -349,14 +361,19 @@ def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [(b"content-type", b"application/json"), (b"accept", b"*/*"), *auth]
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
+def _client_left(task: asyncio.Task[Any], ex: Exchange) -> None:
     """Cancel the request's task the moment its client goes away."""
+    if not ex.finished:
+        ex.client_gone = True
+        task.cancel()
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
+    """The same, under an ASGI server that gives no `DisconnectSignal`."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not ex.finished:
-                ex.client_gone = True
-                task.cancel()
+            _client_left(task, ex)
             return
 
 

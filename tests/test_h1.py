@@ -1,0 +1,279 @@
+"""The proxy's HTTP/1.1 client (`specroute.pool.h1`) against a scripted loopback server:
+keep-alive, streaming as bytes arrive, timeouts, broken and stale connections, the connection
+limit, back-pressure, and the same pool behind httpx's API."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+
+from specroute.config import ClientConfig, TimeoutConfig
+from specroute.pool import ConnectFailed, StreamBroken, TimedOut, UpstreamClient
+from specroute.pool.h1 import H1Pool, H1Transport
+
+
+def synchronous(test: Callable[[], Awaitable[None]]) -> Callable[[], None]:
+    @functools.wraps(test)
+    def run() -> None:
+        asyncio.run(test())
+
+    return run
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+TIMEOUTS: dict[str, float | None] = {"connect": 2.0, "read": 2.0, "pool": 2.0}
+
+
+class Scripted:
+    """A loopback server running `handler` for each request it reads."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.closed_by_client = asyncio.Event()
+        self.port = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    name, _, value = line.partition(b":")
+                    if name.lower() == b"content-length":
+                        length = int(value)
+                self.requests.append(head + await reader.readexactly(length))
+                await self.handler(reader, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed_by_client.set()
+        finally:
+            writer.close()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Scripted]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        try:
+            yield self
+        finally:
+            server.close()
+
+    @property
+    def url(self) -> httpx.URL:
+        return httpx.URL(f"http://127.0.0.1:{self.port}/v1/chat/completions?x=1")
+
+
+def reply(body: bytes, *, status: int = 200, extra: bytes = b"") -> Handler:
+    async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n%s"
+            % (status, len(body), extra, body)
+        )
+        await writer.drain()
+
+    return handler
+
+
+def chunked(parts: list[bytes], gap_s: float = 0.0, *, end: bool = True) -> Handler:
+    async def handler(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        for part in parts:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await writer.drain()
+            await asyncio.sleep(gap_s)
+        if end:
+            writer.write(b"0\r\n\r\n")
+        else:
+            writer.close()  # the backend dies mid-reply
+        await writer.drain()
+
+    return handler
+
+
+async def read_all(pool: H1Pool, url: httpx.URL, body: bytes = b"{}") -> tuple[int, bytes]:
+    json_type = [(b"content-type", b"application/json")]
+    answer = await pool.request(b"POST", url, json_type, body, TIMEOUTS)
+    parts = []
+    try:
+        while (chunk := await answer.next_chunk(2.0)) is not None:
+            parts.append(chunk)
+    finally:
+        answer.close()
+    return answer.status, b"".join(parts)
+
+
+@synchronous
+async def test_keep_alive_reuses_one_connection_and_sends_the_request_as_given() -> None:
+    async with Scripted(reply(b'{"ok":true}')).running() as server:
+        pool = H1Pool(8)
+        for _ in range(3):
+            assert await read_all(pool, server.url, b'{"model":"m"}') == (200, b'{"ok":true}')
+        await pool.aclose()
+    assert server.connections == 1
+    first = server.requests[0]
+    assert first.startswith(b"POST /v1/chat/completions?x=1 HTTP/1.1\r\n")
+    assert b"\r\nhost: 127.0.0.1:%d\r\n" % server.port in first
+    assert b"\r\ncontent-length: 13\r\n" in first
+    assert first.endswith(b'\r\n\r\n{"model":"m"}')
+
+
+@synchronous
+async def test_a_stream_arrives_chunk_by_chunk_not_at_the_end() -> None:
+    parts = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+    async with Scripted(chunked(parts, gap_s=0.2)).running() as server:
+        pool = H1Pool(8)
+        answer = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        first = await answer.next_chunk(2.0)
+        assert first == b"data: 1\n\n"
+        assert loop.time() - began < 0.15  # not held back until the reply ends
+        rest = [c async for c in _rest(answer)]
+        assert b"".join(rest) == b"data: 2\n\ndata: [DONE]\n\n"
+        answer.close()
+        assert pool.open_connections == 1  # read to its end: kept for the next request
+        await pool.aclose()
+
+
+async def _rest(answer: object) -> AsyncIterator[bytes]:
+    while (chunk := await answer.next_chunk(2.0)) is not None:  # type: ignore[attr-defined]
+        yield chunk
+
+
+@synchronous
+async def test_closing_a_reply_mid_body_closes_its_connection() -> None:
+    async with Scripted(chunked([b"data: x\n\n"] * 50, gap_s=0.05)).running() as server:
+        pool = H1Pool(8)
+        answer = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
+        assert await answer.next_chunk(2.0)
+        answer.close()
+        assert pool.open_connections == 0
+        await asyncio.wait_for(server.closed_by_client.wait(), 2.0)  # the backend saw it go
+        await pool.aclose()
+
+
+@synchronous
+async def test_a_kept_alive_connection_the_backend_dropped_is_replaced_invisibly() -> None:
+    served: dict[int, int] = {}
+
+    async def drops_its_second(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        count = served[id(writer)] = served.get(id(writer), 0) + 1
+        if count == 2:  # as if it had timed the idle connection out as the request came
+            writer.transport.abort()
+            return
+        await reply(b"{}")(reader, writer)
+
+    async with Scripted(drops_its_second).running() as server:
+        pool = H1Pool(8)
+        for _ in range(3):
+            assert (await read_all(pool, server.url))[0] == 200
+        await pool.aclose()
+    assert server.connections == 3  # requests 2 and 3 each found theirs dropped, and went on
+
+
+@synchronous
+async def test_failures_are_httpx_exceptions_and_upstream_failures() -> None:
+    async def silent(_: asyncio.StreamReader, __: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(5)
+
+    async def garbage(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"SPDY/9 what\r\n\r\n")
+        await writer.drain()
+
+    pool = H1Pool(8)
+    quick = {**TIMEOUTS, "read": 0.2}
+    async with Scripted(silent).running() as server:
+        with pytest.raises(httpx.ReadTimeout):
+            await pool.request(b"POST", server.url, [], b"{}", quick)
+    async with Scripted(garbage).running() as server:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
+    async with Scripted(chunked([b"data: 1\n\n"], end=False)).running() as server:
+        with pytest.raises(httpx.RemoteProtocolError, match="before the reply ended"):
+            await read_all(pool, server.url)
+    with pytest.raises(httpx.ConnectError):
+        await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)  # the server is gone
+    assert pool.open_connections == 0
+    await pool.aclose()
+
+    client = UpstreamClient(TimeoutConfig(first_byte_s=0.2, idle_s=0.2), ClientConfig())
+    with pytest.raises(ConnectFailed):
+        await client.send("POST", str(server.url), b"{}", [])
+    async with Scripted(silent).running() as server:
+        with pytest.raises(TimedOut):
+            await client.send("POST", str(server.url), b"{}", [])
+    async with Scripted(chunked([b"data: 1\n\n"], end=False)).running() as server:
+        answer = await client.send("POST", str(server.url), b"{}", [])
+        with pytest.raises(StreamBroken):
+            async for _ in answer.chunks(1.0):
+                pass
+        await answer.aclose()
+    await client.aclose()
+
+
+@synchronous
+async def test_past_the_connection_limit_a_request_waits_for_one_to_free() -> None:
+    async with Scripted(chunked([b"a"] * 4, gap_s=0.05)).running() as server:
+        pool = H1Pool(1)
+        first = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
+        with pytest.raises(httpx.PoolTimeout):
+            await pool.request(b"POST", server.url, [], b"{}", {**TIMEOUTS, "pool": 0.1})
+        second = asyncio.create_task(read_all(pool, server.url))
+        await asyncio.sleep(0.1)
+        assert not second.done()
+        while await first.next_chunk(2.0) is not None:
+            pass
+        first.close()
+        assert await asyncio.wait_for(second, 2.0) == (200, b"aaaa")
+        assert pool.open_connections == 1
+        await pool.aclose()
+
+
+@synchronous
+async def test_a_consumer_that_stops_reading_stops_the_socket_being_read() -> None:
+    big = b"x" * (1 << 20)
+    writers: list[asyncio.StreamWriter] = []
+
+    async def flood(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (16 * len(big)))
+        for _ in range(16):
+            writer.write(big)
+        await writer.drain()
+
+    async with Scripted(flood).running() as server:
+        pool = H1Pool(8)
+        answer = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
+        await asyncio.sleep(0.5)  # read nothing: the backend's bytes must wait on its side
+        assert writers[0].transport.get_write_buffer_size() > 8 * len(big)
+        received = 0
+        while (chunk := await answer.next_chunk(2.0)) is not None:
+            received += len(chunk)
+        assert received == 16 * len(big)
+        answer.close()
+        await pool.aclose()
+
+
+@synchronous
+async def test_the_pool_behind_httpx_async_client() -> None:
+    transport = H1Transport(H1Pool(4))
+    async with (
+        Scripted(reply(b'{"status":"ok"}')).running() as server,
+        httpx.AsyncClient(transport=transport, timeout=2.0) as client,
+    ):
+        for _ in range(2):
+            response = await client.get(f"http://127.0.0.1:{server.port}/ready?probe=1")
+            assert response.status_code == 200
+            assert response.json() == {"status": "ok"}
+    assert server.requests[0].startswith(b"GET /ready?probe=1 HTTP/1.1\r\n")
+    assert server.connections == 1
