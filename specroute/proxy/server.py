@@ -58,6 +58,7 @@ def serve(app: ProxyApp, config: Config) -> None:
         port=config.port,
         loop="uvloop",
         http=limited_protocol(limits),
+        proxy_headers=False,  # nothing here reads the client's address
         lifespan="on",
         log_level="warning",
         access_log=False,
