@@ -146,7 +146,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     backends: tuple[BackendConfig, ...] = ()
     host: str = "127.0.0.1"
     port: Port = 8000
-    policy: str = "least_loaded"
+    policy: str = "throughput"
     api_keys: tuple[str, ...] = ()
     admin_key: str | None = None
     max_body_bytes: Count = 32 * 1024 * 1024

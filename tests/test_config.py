@@ -86,3 +86,19 @@ def test_shipped_example_config_loads_as_documented() -> None:
     config = load(example, environ={})
     assert [b.label for b in config.backends] == ["steps1", "steps2", "steps3"]
     assert config.policy.startswith("throughput")
+
+
+def test_serve_flags_name_backends_and_default_to_the_throughput_policy() -> None:
+    import argparse
+
+    from specroute.proxy.command import build_config, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(
+        ["serve", "--backend", "deep=http://gpu-a:30000", "--backend", "http://gpu-b:30000"]
+    )
+    config = build_config(args)
+    assert [b.label for b in config.backends] == ["deep", "gpu-b:30000"]
+    assert [b.url for b in config.backends] == ["http://gpu-a:30000", "http://gpu-b:30000"]
+    assert config.policy == "throughput"

@@ -68,7 +68,7 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
     output = tmp_path / "launch.out"
     argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--steps", "1,2,3"]
     argv += ["--model", "tiny", "--port", str(port), "--base-port", str(base)]
-    argv += ["--log-dir", str(tmp_path / "logs"), "--drain", "10"]
+    argv += ["--log-dir", str(tmp_path / "logs"), "--drain", "10", "--policy", "least_loaded"]
     argv += ["--emulator-arg=--time-scale=20"]
     with output.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)

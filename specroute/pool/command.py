@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="extra SGLang flag, repeatable: --sglang-arg=--mem-fraction-static=0.8")
     add("--emulator-arg", action="append", default=[], metavar="ARG",
         help="extra `specroute emulate` flag with --emulate, e.g. --emulator-arg=--time-scale=5")
-    add("--policy", default="least_loaded", help="the proxy's routing policy")
+    add("--policy", default="throughput", help="the proxy's routing policy")
     add("--log-dir", type=Path, default=Path("specroute-logs"), help="one log file per process")
     add("--ready-timeout", type=float, default=900.0, metavar="SECONDS",
         help="how long servers may take to load before the launch fails")

@@ -27,11 +27,16 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
     parser.add_argument(
-        "--backend", action="append", metavar="URL", help="backend base URL (repeatable)"
+        "--backend",
+        action="append",
+        metavar="[NAME=]URL",
+        help="backend base URL, optionally named for headers, logs and metrics (repeatable)",
     )
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
-    parser.add_argument("--policy", metavar="NAME", help="routing policy (default least_loaded)")
+    parser.add_argument(
+        "--policy", metavar="NAME", help="routing policy (default throughput; `specroute policies`)"
+    )
     parser.add_argument(
         "--api-key", action="append", metavar="KEY", help="accepted client key (repeatable)"
     )
@@ -43,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def build_config(args: argparse.Namespace) -> Config:
     """Merge file, environment and flags; raise ConfigError naming the bad field."""
     overrides = {
-        "backends": [{"url": url} for url in args.backend] if args.backend else None,
+        "backends": [_backend(given) for given in args.backend] if args.backend else None,
         "host": args.host,
         "port": args.port,
         "policy": args.policy,
@@ -61,6 +66,14 @@ def build_config(args: argparse.Namespace) -> Config:
     except UnknownPolicyError as exc:
         raise ConfigError(f"invalid configuration: {exc} - at `$.policy`") from exc
     return config
+
+
+def _backend(given: str) -> dict[str, str]:
+    """`steps3=http://host:30000` names the backend; a bare URL is named host:port."""
+    name, sep, url = given.partition("=")
+    if sep and "://" not in name:
+        return {"name": name, "url": url}
+    return {"url": given}
 
 
 def run(args: argparse.Namespace) -> int:
