@@ -230,20 +230,16 @@ class H1Pool:
     ) -> H1Reply:
         """Send one request; return once its status line and headers are in. `headers` must
         not hold Host or Content-Length: they are added here."""
-        port = url.port or (443 if url.scheme == "https" else 80)
-        lines = [
-            b"%s %s HTTP/1.1" % (method, url.raw_path),
-            b"host: " + url.netloc,
-            b"content-length: %d" % len(body),
-        ]
-        lines.extend(name + b": " + value for name, value in headers)
-        lines.append(b"\r\n")
-        key = (url.raw_scheme, url.raw_host, port)
-        return await self.exchange(key, b"\r\n".join(lines), body, timeouts)
+        fixed = [(b"host", url.netloc), (b"content-length", b"%d" % len(body))]
+        return await self.exchange(url, _head(method, url, fixed + headers), body, timeouts)
 
-    async def exchange(self, key: _Key, head: bytes, body: bytes, timeouts: Timeouts) -> H1Reply:
-        """Send a serialized request head and body to the backend at `key` (scheme, host,
-        port); on a kept-alive connection the backend had already closed, once more."""
+    async def exchange(
+        self, url: httpx.URL, head: bytes, body: bytes, timeouts: Timeouts
+    ) -> H1Reply:
+        """Send a serialized request head and body to `url`'s backend; on a kept-alive
+        connection the backend had already closed, once more on a fresh one."""
+        port = url.port or (443 if url.scheme == "https" else 80)
+        key = (url.raw_scheme, url.raw_host, port)
         while True:
             conn = await self._acquire(key, timeouts.get("connect"), timeouts.get("pool"))
             reused = conn.used
@@ -389,13 +385,8 @@ class H1Transport(httpx.AsyncBaseTransport):
         url = request.url
         timeouts = request.extensions.get("timeout", {})
         body = await request.aread()
-        lines = [b"%s %s HTTP/1.1" % (request.method.encode("ascii"), url.raw_path)]
-        lines.extend(name + b": " + value for name, value in request.headers.raw)
-        lines.append(b"\r\n")
-        port = url.port or (443 if url.scheme == "https" else 80)
-        reply = await self._pool.exchange(
-            (url.raw_scheme, url.raw_host, port), b"\r\n".join(lines), body, timeouts
-        )
+        head = _head(request.method.encode("ascii"), url, request.headers.raw)
+        reply = await self._pool.exchange(url, head, body, timeouts)
         return httpx.Response(
             reply.status,
             headers=reply.headers,
@@ -405,3 +396,11 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+
+def _head(method: bytes, url: httpx.URL, headers: Headers) -> bytes:
+    """The request line and headers, ready to send."""
+    lines = [b"%s %s HTTP/1.1" % (method, url.raw_path)]
+    lines.extend(name + b": " + value for name, value in headers)
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)
