@@ -44,7 +44,7 @@ async def running_proxy(
     servers: Sequence[EmulatedServer], host: str, port: int, policy: str
 ) -> AsyncIterator[str]:
     """`specroute serve` in a child process, ready when the block starts."""
-    backends = [arg for s in servers for arg in ("--backend", s.url)]
+    backends = [arg for s in servers for arg in ("--backend", f"{s.label}={s.url}")]
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "specroute", "serve", *backends, "--host", host,
         "--port", str(port), "--policy", policy, "--log-level", "warning",
@@ -133,12 +133,12 @@ async def show_traffic(url: str, policy: str) -> str:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         print(f"\nModel served by the pool: {model}. Policy: {policy}.\n")
         print("One request at a time, and why the policy chose its backend:")
-        print(f"  {'traffic':8} {'backend':24} {'steps':>5} {'tokens':>6} {'tok/s':>7}  why")
+        print(f"  {'traffic':8} {'backend':8} {'steps':>5} {'tokens':>6} {'tok/s':>7}  why")
         alone = [await one_request(client, url, model, kind, 96) for kind in SINGLES]
         reasons = await decision_reasons(client, url)
         for s in alone:
             why = reasons.get(s.request_id, "")
-            print(f"  {s.kind:8} {s.backend:24} {s.steps:>5} {s.tokens:>6} {s.tok_s:7.1f}  {why}")
+            print(f"  {s.kind:8} {s.backend:8} {s.steps:>5} {s.tokens:>6} {s.tok_s:7.1f}  {why}")
         print("\n24 requests at once (half greedy, half sampled):")
         burst = await asyncio.gather(
             *(one_request(client, url, model, ("greedy", "sampled")[i % 2], 96) for i in range(24))
@@ -147,12 +147,12 @@ async def show_traffic(url: str, policy: str) -> str:
         for s in burst:
             by_backend[s.backend, s.steps].append(s)
         head = f"{'requests':>8} {'greedy':>6} {'sampled':>7} {'mean tok/s':>10}"
-        print(f"  {'backend':24} {'steps':>5} {head}")
+        print(f"  {'backend':8} {'steps':>5} {head}")
         for (backend, steps), served in sorted(by_backend.items(), key=lambda kv: kv[0][1]):
             greedy = sum(s.kind == "greedy" for s in served)
             mean = sum(s.tok_s for s in served) / len(served)
             print(
-                f"  {backend:24} {steps:>5} {len(served):>8} {greedy:>6} "
+                f"  {backend:8} {steps:>5} {len(served):>8} {greedy:>6} "
                 f"{len(served) - greedy:>7} {mean:10.1f}"
             )
     return str(model)

@@ -26,6 +26,7 @@ def test_demo_shows_each_request_backend_and_how_to_use_the_proxy() -> None:
     assert f'base_url="http://127.0.0.1:{port}/v1"' in out
     rows = re.findall(r"^\s+(greedy|sampled)\s+(\S+)\s+([123])\s+96\s", out, re.MULTILINE)
     assert len(rows) == 4  # four single requests, each served in full by a known depth
+    assert {backend for _, backend, _ in rows} <= {"steps1", "steps2", "steps3"}  # named
     assert "throughput ->" in out  # each shows the policy's reason
     burst = re.findall(r"^\s+\S+\s+([123])\s+(\d+)\s+\d+\s+\d+\s+[\d.]+$", out, re.MULTILINE)
     assert sum(int(n) for _, n in burst) == 24
