@@ -98,7 +98,7 @@ class UpstreamResponse:
         try:
             return await self._next(wait_s)
         except httpx.TimeoutException as exc:
-            raise TimedOut(f"stream idle for more than {wait_s:g} s") from exc
+            raise TimedOut(f"no bytes from the backend for {wait_s:g} s") from exc
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
 

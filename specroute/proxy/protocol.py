@@ -12,7 +12,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from specroute.config import LimitsConfig
 from specroute.errors import HeadersTooLargeError, RequestTimeoutError, SpecrouteError, error_body
-from specroute.proxy.intake import DISCONNECT, DisconnectSignal
+from specroute.proxy.intake import DISCONNECT, DisconnectSignal, Scope, disconnect_signal
 
 __all__ = ["limited_protocol"]
 
@@ -104,9 +104,8 @@ class LimitedProtocol(HttpToolsProtocol):
         cycle = self.cycle
         super().connection_lost(exc)
         if cycle is not None and cycle.disconnected:
-            extensions = cycle.scope.get("extensions") or {}
-            signal = extensions.get(DISCONNECT)
-            if isinstance(signal, DisconnectSignal):
+            signal = disconnect_signal(cast(Scope, cycle.scope))
+            if signal is not None:
                 signal.fire()
 
     def data_received(self, data: bytes) -> None:
