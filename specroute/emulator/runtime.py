@@ -124,13 +124,10 @@ class Emulator:
         req = await self._decode_openai(request, ChatRequest)
         if isinstance(req, Response):
             return req
-        try:
-            plan = chat_plan(req, served=self.served, context=self.context_length)
-            job = self._submit(req.rid, plan, stream=req.stream)
-        except Rejected as exc:
-            return openai_error(str(exc), kind=exc.type)
-        except ValueError as exc:
-            return openai_error(str(exc))
+        started = self._start_openai(req, chat_plan)
+        if isinstance(started, Response):
+            return started
+        plan, job = started
         flags = _usage_flags(req.stream_options)
         reply = self._reply(job, plan, req.model, want_spec=req.return_spec_tokens_details, **flags)
         if req.stream:
@@ -141,13 +138,10 @@ class Emulator:
         req = await self._decode_openai(request, CompletionRequest)
         if isinstance(req, Response):
             return req
-        try:
-            plan = completion_plan(req, served=self.served, context=self.context_length)
-            job = self._submit(req.rid, plan, stream=req.stream)
-        except Rejected as exc:
-            return openai_error(str(exc), kind=exc.type)
-        except ValueError as exc:
-            return openai_error(str(exc))
+        started = self._start_openai(req, completion_plan)
+        if isinstance(started, Response):
+            return started
+        plan, job = started
         echo = req.prompt if req.echo and isinstance(req.prompt, str) else ""
         flags = _usage_flags(req.stream_options)
         want_spec = req.return_spec_tokens_details
@@ -185,6 +179,18 @@ class Emulator:
             return msgspec.json.decode(await request.body(), type=kind)
         except msgspec.DecodeError as exc:
             return openai_error(str(exc), kind="Bad Request")
+
+    def _start_openai(
+        self, req: Any, make_plan: Callable[..., Plan]
+    ) -> tuple[Plan, Job] | Response[Any]:
+        """Plan and queue an OpenAI request, or the OpenAI error that refuses it."""
+        try:
+            plan = make_plan(req, served=self.served, context=self.context_length)
+            return plan, self._submit(req.rid, plan, stream=req.stream)
+        except Rejected as exc:
+            return openai_error(str(exc), kind=exc.type)
+        except ValueError as exc:
+            return openai_error(str(exc))
 
     def _submit(self, rid: str | None, plan: Plan, *, stream: bool) -> Job:
         return self.driver.submit(
