@@ -30,7 +30,8 @@ from specroute.policies import (
     create,
     parse_spec,
 )
-from specroute.policies.predict import expected_tokens, predict
+from specroute.policies.predict import predict
+from specroute.speculation import expected_tokens
 
 GREEDY = RouteRequest(route="chat", model="m", workload_class="m:greedy", stream=True)
 SAMPLED = RouteRequest(route="chat", model="m", workload_class="m:sampled", stream=True)

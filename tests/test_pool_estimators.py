@@ -7,33 +7,33 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from specroute.policies import Outcome
-from specroute.pool.estimators import (
-    AcceptanceEstimator,
-    ClassLengths,
-    IterationTimeModel,
-    alpha_from_accept_length,
-    expected_tokens,
-)
+from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
+from specroute.policies import Outcome, PoolView
+from specroute.policies.predict import accept_length, iteration_time
+from specroute.pool import Backend
+from specroute.pool.estimators import AcceptanceEstimator, ClassLengths, IterationTimeModel
 from specroute.pool.prior import load_profile_priors, priors_from_profile
 from specroute.pool.telemetry import Telemetry, iteration_sample
+from specroute.speculation import expected_tokens
 
 
-@given(alpha=st.floats(0.0, 0.999), steps=st.integers(1, 8))
-def test_alpha_from_accept_length_inverts_expected_tokens(alpha: float, steps: int) -> None:
-    length = expected_tokens(alpha, steps)
-    assert expected_tokens(alpha_from_accept_length(length, steps), steps) == pytest.approx(
-        length, abs=1e-9
+def _seconds(model: IterationTimeModel, steps: int, batch: float) -> float:
+    """The iteration time a policy predicts from `model` (the pool's own view of a backend)."""
+    backend = Backend(
+        BackendConfig(url="http://127.0.0.1:1"),
+        health=HealthConfig(),
+        admission=AdmissionConfig(),
+        breaker=BreakerConfig(),
     )
+    backend.configured_steps = steps
+    return iteration_time(backend.view(model), batch)
 
 
-def test_accept_length_outside_what_depth_can_show_is_clipped() -> None:
-    assert alpha_from_accept_length(0.5, 3) == 0.0
-    assert alpha_from_accept_length(4.0, 3) == 1.0
-    assert alpha_from_accept_length(9.0, 3) == 1.0
+def _pool_view(telemetry: Telemetry) -> PoolView:
+    return PoolView(
+        backends=(), classes=telemetry.classes(), prior_alpha=telemetry.acceptance.prior_alpha
+    )
 
 
 def simulated_request(rng: random.Random, alpha: float, steps: int, tokens: int) -> tuple[int, int]:
@@ -51,17 +51,21 @@ def simulated_request(rng: random.Random, alpha: float, steps: int, tokens: int)
 @pytest.mark.parametrize("steps", [1, 2, 3])
 def test_acceptance_estimator_recovers_class_alpha_from_any_depth(steps: int) -> None:
     rng = random.Random(steps)
-    estimator = AcceptanceEstimator(prior_alpha=0.5)
+    telemetry = Telemetry(prior_alpha=0.5)
+    estimator = telemetry.acceptance
     for _ in range(300):
         tokens, verifies = simulated_request(rng, 0.8, steps, 200)
         estimator.observe(
             "sampled", steps=steps, accept_length=tokens / verifies, verifies=verifies
         )
-    estimate = estimator.get("sampled")
-    assert estimate.alpha.value == pytest.approx(0.8, abs=0.02)
-    assert estimate.accept_length(steps) == pytest.approx(expected_tokens(0.8, steps), rel=0.02)
-    # A depth never seen is predicted from alpha.
-    assert estimate.accept_length(4) == pytest.approx(expected_tokens(0.8, 4), rel=0.04)
+    assert estimator.get("sampled").alpha.value == pytest.approx(0.8, abs=0.02)
+    view = _pool_view(telemetry)
+    assert accept_length(view, "sampled", steps) == pytest.approx(
+        expected_tokens(0.8, steps), rel=0.02
+    )
+    # A depth never seen is predicted from alpha; a class never seen from the prior.
+    assert accept_length(view, "sampled", 4) == pytest.approx(expected_tokens(0.8, 4), rel=0.04)
+    assert accept_length(view, "unseen", steps) == pytest.approx(expected_tokens(0.5, steps))
 
 
 def test_classes_are_learned_separately_and_new_classes_start_at_the_prior() -> None:
@@ -91,12 +95,12 @@ def test_iteration_time_model_recovers_intercept_and_slope_from_noisy_gaps() -> 
         model.observe(tokens, 0.0155 + 0.00027 * tokens + rng.gauss(0, 0.001))
     assert model.intercept == pytest.approx(0.0155, rel=0.05)
     assert model.slope == pytest.approx(0.00027, rel=0.05)
-    assert model.predict(52) == pytest.approx(0.0155 + 0.00027 * 52, rel=0.02)
+    assert _seconds(model, 3, 13) == pytest.approx(0.0155 + 0.00027 * 52, rel=0.02)
 
 
 def test_iteration_time_model_keeps_its_prior_until_observations_arrive() -> None:
     model = IterationTimeModel(intercept=0.02, slope=0.0004)
-    assert model.predict(100) == pytest.approx(0.06)
+    assert _seconds(model, 0, 100) == pytest.approx(0.06)
     model.observe(0, 1.0)  # meaningless observations are ignored
     model.observe(10, -1.0)
     assert model.observations == 0
@@ -200,6 +204,7 @@ def test_a_bench_profile_seeds_iteration_time_per_depth(tmp_path: Path) -> None:
     assert priors[3] == (pytest.approx(0.015), pytest.approx(0.0002))
     telemetry = Telemetry()
     telemetry.seed(priors.items())
-    assert telemetry.iteration_model("b", 3).predict(40) == pytest.approx(0.015 + 0.0002 * 40)
+    model = telemetry.iteration_model("b", 3)
+    assert _seconds(model, 3, 10) == pytest.approx(0.015 + 0.0002 * 40)
     with pytest.raises(ValueError, match="schema"):
         priors_from_profile(b'{"schema": "something-else"}')

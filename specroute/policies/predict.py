@@ -12,29 +12,42 @@ from collections.abc import Mapping
 import msgspec
 
 from specroute.policies.types import BackendView, PoolView
+from specroute.speculation import (
+    DEFAULT_INTERCEPT_S,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PER_TOKEN_S,
+    expected_tokens,
+)
 
 __all__ = [
-    "DEFAULT_INTERCEPT_S",
-    "DEFAULT_PER_TOKEN_S",
     "Prediction",
     "accept_length",
-    "expected_tokens",
+    "has_room",
     "iteration_time",
+    "load",
+    "mean_tokens",
     "predict",
+    "with_room",
 ]
 
-DEFAULT_INTERCEPT_S = 0.02
-DEFAULT_PER_TOKEN_S = 0.0003
 _UNBOUNDED = 1 << 20  # capacity of a backend that did not say
 
 
-def expected_tokens(alpha: float, steps: int) -> float:
-    """E_k(alpha) = 1 + alpha + ... + alpha^k."""
-    if steps <= 0:
-        return 1.0
-    if alpha >= 1.0:
-        return float(steps + 1)
-    return (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
+def load(backend: BackendView) -> float:
+    """Requests per unit of capacity; the proxy's own count is the fresh signal, the backend's
+    queue (from /metrics) adds what other clients put there."""
+    work = backend.in_flight + max(0, backend.queued or 0)
+    return work / backend.capacity if backend.capacity else float(work)
+
+
+def has_room(backend: BackendView) -> bool:
+    """Below its capacity (a backend that did not say has room)."""
+    return backend.capacity is None or backend.in_flight < backend.capacity
+
+
+def with_room(backends: tuple[BackendView, ...]) -> tuple[BackendView, ...]:
+    """The backends below their capacity, or all of them when every one is full."""
+    return tuple(b for b in backends if has_room(b)) or backends
 
 
 def accept_length(view: PoolView, klass: str, steps: int) -> float:
@@ -49,7 +62,8 @@ def accept_length(view: PoolView, klass: str, steps: int) -> float:
     return seen if seen is not None else expected_tokens(est.alpha, steps)
 
 
-def mean_tokens(view: PoolView, klass: str, default: float = 300.0) -> float:
+def mean_tokens(view: PoolView, klass: str, default: float = DEFAULT_OUTPUT_TOKENS) -> float:
+    """The class's mean completion length, else `default`."""
     est = view.classes.get(klass)
     return est.mean_tokens if est is not None and est.mean_tokens else default
 

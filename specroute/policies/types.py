@@ -7,6 +7,8 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from specroute.speculation import PRIOR_ALPHA
+
 __all__ = [
     "BackendView",
     "ClassEstimate",
@@ -74,7 +76,7 @@ class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     backends: tuple[BackendView, ...]
     classes: dict[str, ClassEstimate] = msgspec.field(default_factory=dict)
     """Acceptance per workload class; a class missing here is unknown (use `prior_alpha`)."""
-    prior_alpha: float = 0.7
+    prior_alpha: float = PRIOR_ALPHA
     in_flight_total: int | None = None
     """Requests in flight on every healthy backend, not only the candidates (None: unknown)."""
     capacity_total: int | None = None

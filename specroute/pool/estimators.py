@@ -10,34 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specroute.policies.predict import expected_tokens
+from specroute.speculation import (
+    DEFAULT_INTERCEPT_S,
+    DEFAULT_OUTPUT_TOKENS,
+    DEFAULT_PER_TOKEN_S,
+    PRIOR_ALPHA,
+    alpha_from_accept_length,
+)
 
 __all__ = [
     "AcceptanceEstimate",
     "AcceptanceEstimator",
+    "ClassLengths",
     "DecayingMean",
     "IterationTimeModel",
-    "alpha_from_accept_length",
-    "expected_tokens",
 ]
-
-
-def alpha_from_accept_length(accept_length: float, steps: int) -> float:
-    """The alpha with E_k(alpha) = accept_length, clipped to what depth k can show."""
-    if steps <= 0:
-        raise ValueError("an accept length says nothing about alpha without speculation")
-    if accept_length <= 1.0:
-        return 0.0
-    if accept_length >= steps + 1:
-        return 1.0
-    low, high = 0.0, 1.0
-    for _ in range(50):  # E_k is increasing in alpha; bisection to ~1e-15
-        mid = (low + high) / 2
-        if expected_tokens(mid, steps) < accept_length:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 @dataclass(slots=True)
@@ -60,11 +47,6 @@ class AcceptanceEstimate:
     by_steps: dict[int, DecayingMean] = field(default_factory=dict)
     samples: int = 0
 
-    def accept_length(self, steps: int) -> float:
-        """Expected tokens per verify at depth `steps`: measured there if seen, else from alpha."""
-        seen = self.by_steps.get(steps)
-        return seen.value if seen is not None else expected_tokens(self.alpha.value, steps)
-
 
 class AcceptanceEstimator:
     """Exponentially weighted acceptance per workload class, with a prior for new classes.
@@ -74,7 +56,7 @@ class AcceptanceEstimator:
     first observation replaces it.
     """
 
-    def __init__(self, *, prior_alpha: float = 0.7, half_life: float = 2000.0) -> None:
+    def __init__(self, *, prior_alpha: float = PRIOR_ALPHA, half_life: float = 2000.0) -> None:
         if not 0.0 <= prior_alpha <= 1.0:
             raise ValueError("prior_alpha must be in [0, 1]")
         self.prior_alpha = prior_alpha
@@ -106,8 +88,8 @@ class IterationTimeModel:
     or defaults) acts as `prior_weight` pseudo-observations at two batch sizes.
     """
 
-    intercept: float = 0.02
-    slope: float = 0.0003
+    intercept: float = DEFAULT_INTERCEPT_S
+    slope: float = DEFAULT_PER_TOKEN_S
     prior_weight: float = 20.0
     forget: float = 0.999
     _sw: float = 0.0
@@ -143,14 +125,11 @@ class IterationTimeModel:
             self.slope = max(0.0, slope)
             self.intercept = max(1e-6, (self._sy - self.slope * self._sx) / self._sw)
 
-    def predict(self, batch_tokens: float) -> float:
-        return self.intercept + self.slope * batch_tokens
-
 
 class ClassLengths:
     """Exponentially weighted mean completion tokens per workload class (queue-wait estimates)."""
 
-    def __init__(self, *, prior_tokens: float = 300.0, keep: float = 0.99) -> None:
+    def __init__(self, *, prior_tokens: float = DEFAULT_OUTPUT_TOKENS, keep: float = 0.99) -> None:
         self.prior_tokens = prior_tokens
         self.keep = keep
         self.classes: dict[str, DecayingMean] = {}

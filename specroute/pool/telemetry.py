@@ -15,6 +15,7 @@ import structlog
 
 from specroute.policies import ClassEstimate, Outcome
 from specroute.pool.estimators import AcceptanceEstimator, ClassLengths, IterationTimeModel
+from specroute.speculation import PRIOR_ALPHA
 
 __all__ = ["IterationPrior", "Telemetry", "accept_sample", "iteration_sample"]
 
@@ -72,7 +73,7 @@ class Telemetry:
     def __init__(
         self,
         *,
-        prior_alpha: float = 0.7,
+        prior_alpha: float = PRIOR_ALPHA,
         half_life: float = 2000.0,
         priors: Mapping[int, IterationPrior] | None = None,
     ) -> None:
