@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from specroute.speculation import is_greedy
+
 __all__ = [
     "ApiSettings",
     "PreparedRequest",
@@ -46,7 +48,7 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 1e-5
+        return is_greedy(self.temperature)
 
 
 class PromptSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

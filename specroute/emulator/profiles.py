@@ -11,6 +11,8 @@ import math
 
 import msgspec
 
+from specroute.speculation import is_greedy
+
 __all__ = [
     "DEFAULT_PROFILE",
     "PROFILES",
@@ -21,14 +23,14 @@ __all__ = [
 ]
 
 SAMPLING_CLASSES = ("greedy", "low", "high")
-"""greedy: temperature 0 or top_k 1; low: temperature up to 0.7; high: anything hotter."""
+"""greedy: as SGLang decides it (`is_greedy`); low: temperature up to 0.7; high: hotter."""
 
 
 def sampling_class(temperature: float | None, top_k: int | None = None) -> str:
     """The acceptance class of a request's sampling settings (SGLang's default is 1.0)."""
-    t = 1.0 if temperature is None else temperature
-    if t <= 1e-5 or top_k == 1:
+    if is_greedy(temperature, top_k):
         return "greedy"
+    t = 1.0 if temperature is None else temperature
     return "low" if t <= 0.7 else "high"
 
 

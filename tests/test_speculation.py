@@ -1,0 +1,63 @@
+"""The shared speculation maths and SGLang's greedy rule, as every part applies them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specroute.bench.workload import Sampling
+from specroute.emulator.profiles import sampling_class
+from specroute.speculation import alpha_from_accept_length, expected_tokens, is_greedy
+
+
+@given(alpha=st.floats(0.0, 0.999), steps=st.integers(0, 8))
+def test_expected_tokens_is_the_sum_of_acceptance_powers(alpha: float, steps: int) -> None:
+    assert expected_tokens(alpha, steps) == pytest.approx(sum(alpha**i for i in range(steps + 1)))
+
+
+def test_expected_tokens_at_full_acceptance_is_every_draft_plus_the_bonus_token() -> None:
+    assert expected_tokens(1.0, 3) == 4.0
+
+
+@given(alpha=st.floats(0.0, 0.999), steps=st.integers(1, 8))
+def test_alpha_from_accept_length_inverts_expected_tokens(alpha: float, steps: int) -> None:
+    length = expected_tokens(alpha, steps)
+    assert expected_tokens(alpha_from_accept_length(length, steps), steps) == pytest.approx(
+        length, abs=1e-9
+    )
+
+
+def test_accept_length_outside_what_depth_can_show_is_clipped() -> None:
+    assert alpha_from_accept_length(0.5, 3) == 0.0
+    assert alpha_from_accept_length(4.0, 3) == 1.0
+    assert alpha_from_accept_length(9.0, 3) == 1.0
+    with pytest.raises(ValueError, match="without speculation"):
+        alpha_from_accept_length(2.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "greedy"),
+    [
+        (0.0, None, True),
+        (5e-7, None, True),  # below SGLang's _SAMPLING_EPS (1e-6)
+        (1e-6, None, False),
+        (5e-6, None, False),
+        (0.7, None, False),
+        (None, None, False),  # SGLang's default temperature is 1.0
+        (1.0, 1, True),  # top_k 1 is greedy at any temperature
+        (None, 1, True),
+        (0.7, 40, False),
+    ],
+)
+def test_greedy_follows_sglang_rule(
+    temperature: float | None, top_k: int | None, greedy: bool
+) -> None:
+    assert is_greedy(temperature, top_k) is greedy
+
+
+@pytest.mark.parametrize("temperature", [0.0, 5e-7, 5e-6, 0.5])
+def test_emulator_and_bench_agree_with_sglang_on_greedy(temperature: float) -> None:
+    expected = temperature < 1e-6
+    assert (sampling_class(temperature) == "greedy") is expected
+    assert Sampling(temperature=temperature).greedy is expected
