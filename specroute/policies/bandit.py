@@ -17,6 +17,7 @@ from typing import Literal
 
 import msgspec
 
+from specroute.policies.predict import with_room
 from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["Bandit", "BanditOptions"]
@@ -77,7 +78,7 @@ class Bandit:
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
         klass = request.workload_class
         scored = []
-        for b in _with_room(view):
+        for b in with_room(view.backends):
             bucket = self.bucket(b)
             score, note = self._score(self._arms[(klass, b.steps or 0)], bucket)
             scored.append((score, b, bucket, note))
@@ -121,9 +122,3 @@ class Bandit:
         keep = self.options.discount
         arm.n, arm.total, arm.sq = arm.n * keep + 1, arm.total * keep + reward, arm.sq * keep
         arm.sq += reward * reward
-
-
-def _with_room(view: PoolView) -> tuple[BackendView, ...]:
-    """Backends below their capacity, or all of them when every one is full."""
-    roomy = tuple(b for b in view.backends if b.capacity is None or b.in_flight < b.capacity)
-    return roomy or view.backends

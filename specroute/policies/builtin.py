@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
+from specroute.policies.predict import load
+from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["LeastLoaded", "RoundRobin"]
 
@@ -25,13 +26,6 @@ class RoundRobin:
         """Round robin learns nothing."""
 
 
-def _load(backend: BackendView) -> float:
-    """Requests per unit of capacity; the proxy's own count is the fresh signal, the backend's
-    queue (from /metrics) adds what other clients put there."""
-    work = backend.in_flight + max(0, (backend.queued or 0))
-    return work / backend.capacity if backend.capacity else float(work)
-
-
 class LeastLoaded:
     """The backend with the fewest requests per slot of capacity; ties go round robin."""
 
@@ -41,9 +35,9 @@ class LeastLoaded:
         self._turn = 0
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
-        loads = [_load(b) for b in view.backends]
+        loads = [load(b) for b in view.backends]
         lowest = min(loads)
-        tied = [b for b, load in zip(view.backends, loads, strict=True) if load == lowest]
+        tied = [b for b, x in zip(view.backends, loads, strict=True) if x == lowest]
         chosen = tied[self._turn % len(tied)]
         self._turn += 1
         return Decision(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 
 from specroute.policies.builtin import LeastLoaded
+from specroute.policies.predict import with_room
 from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["Static", "StaticOptions", "nearest_depth"]
@@ -40,8 +41,7 @@ class Static:
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
         wanted = self.options.steps
-        roomy = tuple(b for b in view.backends if b.capacity is None or b.in_flight < b.capacity)
-        group = nearest_depth(roomy or view.backends, wanted)
+        group = nearest_depth(with_room(view.backends), wanted)
         inner = self._balance.choose(request, PoolView(backends=group))
         steps = group[0].steps or 0
         note = "" if steps == wanted else f", depth {wanted} has no room"

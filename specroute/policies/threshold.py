@@ -9,7 +9,8 @@ import math
 
 import msgspec
 
-from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
+from specroute.policies.predict import load
+from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["Threshold", "ThresholdOptions", "parse_table"]
 
@@ -26,11 +27,6 @@ def parse_table(text: str) -> tuple[tuple[float, int], ...]:
         raise ValueError("threshold table is empty")
     rows.sort()
     return tuple(rows)
-
-
-def _own_load(backend: BackendView) -> float:
-    work = backend.in_flight + max(0, backend.queued or 0)
-    return work / backend.capacity if backend.capacity else float(work)
 
 
 class ThresholdOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -71,10 +67,10 @@ class Threshold:
             in_flight = sum(b.in_flight for b in view.backends)
         if not capacity:
             capacity = sum(b.capacity or 0 for b in view.backends)
-        load = (in_flight + 1) / capacity if capacity else math.inf
-        wanted = self.depth_for(load)
+        pool_load = (in_flight + 1) / capacity if capacity else math.inf
+        wanted = self.depth_for(pool_load)
         spread = self.options.spread
-        scores = [_own_load(b) + spread * abs((b.steps or 0) - wanted) for b in view.backends]
+        scores = [load(b) + spread * abs((b.steps or 0) - wanted) for b in view.backends]
         best = min(scores)
         tied = [b for b, x in zip(view.backends, scores, strict=True) if x <= best + 1e-12]
         chosen = tied[self._turn % len(tied)]
@@ -82,7 +78,7 @@ class Threshold:
         return Decision(
             backend=chosen.name,
             reason=(
-                f"pool load {load:.2f} -> depth {wanted}; {chosen.name} (k={chosen.steps}) "
+                f"pool load {pool_load:.2f} -> depth {wanted}; {chosen.name} (k={chosen.steps}) "
                 f"score {best:.3g} = own load + {spread:g} x depth distance"
             ),
         )
