@@ -54,7 +54,7 @@ $(SGLANG_STAMP): deploy/sglang-check/requirements.txt pyproject.toml
 
 .PHONY: sglang-check
 sglang-check: $(SGLANG_STAMP)
-	$(SGLANG_VENV)/bin/python -m specroute.pool.sglang_matrix
+	$(SGLANG_VENV)/bin/python -m specroute.launch.sglang_matrix
 
 # The dashboard's browser test drives Debian's chromium (never a downloaded browser). CI runs as
 # root on a fresh machine, so `make test` installs it there; elsewhere without root the test skips.

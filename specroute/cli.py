@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from specroute import __version__, calibrate, demo
 from specroute.bench import command as bench_command
 from specroute.emulator import command as emulator_command
+from specroute.launch import command as launch_command
 from specroute.policies import command as policies_command
-from specroute.pool import command as launch_command
 from specroute.proxy import command as proxy_command
 
 __all__ = ["build_parser", "main"]

@@ -18,7 +18,7 @@ from servers import free_port, run_server
 
 from specroute.cli import build_parser
 from specroute.config import load_config
-from specroute.pool.launch_plan import LaunchOptions, sglang_server_args
+from specroute.launch.plan import LaunchOptions, sglang_server_args
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"

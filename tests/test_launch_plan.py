@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specroute.cli import main
-from specroute.pool.launch_plan import LaunchOptions, PlanError, build_plan, parse_gpus
+from specroute.launch.plan import LaunchOptions, PlanError, build_plan, parse_gpus
 
 
 def test_each_depth_gets_the_flags_sglang_requires() -> None:

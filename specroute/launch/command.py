@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specroute.logs import configure_logging
-from specroute.pool.launch_plan import (
+from specroute.launch.plan import (
     ALGORITHMS,
     EMULATED_MODEL,
     LaunchOptions,
@@ -20,6 +19,7 @@ from specroute.pool.launch_plan import (
     parse_gpus,
     parse_steps,
 )
+from specroute.logs import configure_logging
 
 __all__ = ["options_from_args", "register", "run"]
 
@@ -95,7 +95,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
 
 
 def _plan(args: argparse.Namespace) -> LaunchPlan:
-    from specroute.pool.launcher import detect_gpus
+    from specroute.launch.launcher import detect_gpus
 
     options = options_from_args(args)
     detected = () if options.emulate or options.gpus is not None else detect_gpus()
@@ -109,11 +109,11 @@ def _plan(args: argparse.Namespace) -> LaunchPlan:
 
 def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | None] | None:
     """SGLang's rejections, or None when the check does not apply or cannot run here."""
-    from specroute.pool.sglang_check import sglang_installed
+    from specroute.launch.sglang_check import sglang_installed
 
     if args.emulate or args.no_sglang_check or not sglang_installed():
         return None
-    from specroute.pool.launcher import validate_with_sglang
+    from specroute.launch.launcher import validate_with_sglang
 
     return validate_with_sglang([s.argv for s in plan.servers])
 
@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         elif not args.emulate:
             print("# not checked by SGLang (the sglang package is not installed here)")
         return 0
-    from specroute.pool.launcher import Launcher, LaunchSettings
+    from specroute.launch.launcher import Launcher, LaunchSettings
 
     configure_logging()
     settings = LaunchSettings(

@@ -21,8 +21,8 @@ import httpx
 import msgspec
 import structlog
 
-from specroute.pool.launch_plan import LaunchPlan
-from specroute.pool.supervisor import Supervised
+from specroute.launch.plan import LaunchPlan
+from specroute.launch.supervisor import Supervised
 
 __all__ = ["LaunchError", "LaunchSettings", "Launcher", "detect_gpus", "validate_with_sglang"]
 
@@ -71,7 +71,7 @@ def validate_with_sglang(
     """SGLang's verdict on each command line, checked in a child interpreter (torch and SGLang
     stay out of the launcher): None where accepted, else SGLang's message."""
     proc = subprocess.run(
-        [python, "-m", "specroute.pool.sglang_check"],
+        [python, "-m", "specroute.launch.sglang_check"],
         input=json.dumps([list(a) for a in argvs]),
         capture_output=True,
         text=True,
@@ -163,7 +163,7 @@ class Launcher:
                         await asyncio.wait_for(self._stop.wait(), self.settings.poll_s)
 
     def _timeout_message(self, children: Sequence[Supervised]) -> str:
-        from specroute.pool.supervisor import tail
+        from specroute.launch.supervisor import tail
 
         parts = [
             f"not ready after {self.settings.ready_timeout_s:.0f} s: "

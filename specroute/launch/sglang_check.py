@@ -3,7 +3,7 @@
 `ServerArgs.add_cli_args(parser)`, `ServerArgs.from_cli_args(...)`, then `.resolve_once()`: the
 same parsing and resolution `sglang.launch_server` runs, so a rejection carries SGLang's own
 message. It needs the `sglang` package (the `sglang` extra) and torch, not a GPU. Run as
-`python -m specroute.pool.sglang_check` it reads a JSON list of argument lists on stdin and
+`python -m specroute.launch.sglang_check` it reads a JSON list of argument lists on stdin and
 writes one verdict per list (null when accepted, else the message) on stdout.
 """
 

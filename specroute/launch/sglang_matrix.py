@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from specroute.pool.launch_plan import LaunchOptions, build_plan
-from specroute.pool.sglang_check import SglangRejected, check_args
+from specroute.launch.plan import LaunchOptions, build_plan
+from specroute.launch.sglang_check import SglangRejected, check_args
 
 __all__ = ["main", "write_models"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from specroute.pool.launch_plan import ProcessPlan
+from specroute.launch.plan import ProcessPlan
 
 __all__ = ["Backoff", "Supervised", "tail"]
 
