@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from specroute.bench.stats import percentile
 from specroute.emulator.fleet import emulated_fleet, free_port
 from specroute.emulator.profiles import get_profile, sampling_class
 
@@ -133,7 +134,7 @@ def _speeds(records: list[dict[str, Any]]) -> list[float]:
 
 
 def _p10(values: list[float]) -> float:
-    return statistics.quantiles(values, n=10)[0] if len(values) >= 10 else min(values, default=0)
+    return percentile(values, 10) if values else 0.0
 
 
 def summarize(trace: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specroute.bench.stats import percentile
 from specroute.emulator.engine import Engine, Iteration
 from specroute.emulator.profiles import get_profile, sampling_class
 from specroute.policies import BackendView, Outcome, Policy, PoolView, RouteRequest, create
@@ -238,7 +239,7 @@ def summary(phases: list[PhaseStats]) -> tuple[float, float, float]:
     tokens = sum(p.tokens for p in phases)
     time = sum(p.end - p.start for p in phases)
     speeds = [s for p in phases for s in p.speeds]
-    p10 = statistics.quantiles(speeds, n=10)[0] if len(speeds) > 10 else 0.0
+    p10 = percentile(speeds, 10) if speeds else 0.0
     return tokens / time, statistics.fmean(speeds), p10
 
 

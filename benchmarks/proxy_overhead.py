@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from typing import Any
 
 import aiohttp
 import httpx
+
+from specroute.bench.stats import percentile
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -216,7 +217,7 @@ def _dashboard_viewers(code: str, clients: int) -> Iterator[None]:
 
 # ---------------------------------------------------------------------------------------------
 def _pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000
+    return percentile(values, q) * 1000
 
 
 def main() -> None:

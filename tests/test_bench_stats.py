@@ -27,6 +27,14 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert math.isclose(percentile(values, 90), 3.7)
 
 
+def test_percentile_between_whole_percents_interpolates_too() -> None:
+    values = [50.0, 10.0, 40.0, 20.0, 30.0]
+    # rank (n - 1) * q / 100 into the sorted sample: 0.5 -> 15, 3.996 -> 40 + 0.996 * 10
+    assert math.isclose(percentile(values, 12.5), 15.0)
+    assert math.isclose(percentile(values, 99.9), 49.96)
+    assert percentile([7.0], 99) == 7.0
+
+
 def test_percentile_of_nothing_is_nan_and_summary_is_empty() -> None:
     assert math.isnan(percentile([], 50))
     assert summarize([]).count == 0

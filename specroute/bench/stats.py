@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 import msgspec
@@ -22,18 +23,25 @@ class Summary(msgspec.Struct, frozen=True, kw_only=True):
     max: float = 0.0
 
 
+_RESOLUTION = 100_000  # q is taken to the nearest thousandth of a percent
+
+
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation between closest ranks, as numpy's
-    default; `values` need not be sorted. NaN for an empty sample."""
+    """The q-th percentile (0..100): `statistics.quantiles(method="inclusive")`, linear
+    interpolation between closest ranks as numpy's default. NaN for an empty sample."""
     if not values:
         return math.nan
     ordered = sorted(values)
-    if len(ordered) == 1:
-        return float(ordered[0])
-    rank = (len(ordered) - 1) * min(100.0, max(0.0, q)) / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return float(ordered[low] + (ordered[high] - ordered[low]) * (rank - low))
+    low, high = float(ordered[0]), float(ordered[-1])
+    cut = round(min(100.0, max(0.0, q)) * _RESOLUTION / 100)
+    if len(ordered) == 1 or cut == 0:
+        return low
+    if cut == _RESOLUTION:
+        return high
+    step = math.gcd(cut, _RESOLUTION)
+    cuts = statistics.quantiles(ordered, n=_RESOLUTION // step, method="inclusive")
+    # Its weighted sum can round one ulp outside the sample; a percentile stays inside it.
+    return min(high, max(low, float(cuts[cut // step - 1])))
 
 
 def mean(values: Sequence[float]) -> float:
