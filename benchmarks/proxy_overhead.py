@@ -123,13 +123,14 @@ def _serve_proxy(port: int, backend: str, transport: str) -> None:
 
     configure_logging("warning", json=True)
     config = load_config(
+        environ={},
         overrides={
             "backends": [{"url": backend}],
             "port": port,
             "host": "127.0.0.1",
             "client": {"transport": transport},
             "log_level": "warning",
-        }
+        },
     )
     serve(create_app(config), config)
 

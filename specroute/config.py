@@ -7,6 +7,7 @@ environment with double underscores: `SPECROUTE_TIMEOUTS__IDLE_S=30`.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -232,10 +233,11 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, object] | None = None,
 ) -> Config:
-    """Merge file, environment and flag overrides (later wins) into a validated `Config`."""
+    """Merge file, environment and flag overrides (later wins) into a validated `Config`;
+    `environ` defaults to the process environment (`{}` reads none)."""
     data: dict[str, Any] = _read_file(Path(path)) if path is not None else {}
     _normalise_backends(data)
-    _apply_env(data, environ if environ is not None else {})
+    _apply_env(data, os.environ if environ is None else environ)
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     _normalise_backends(data)
     try:

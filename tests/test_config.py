@@ -22,7 +22,7 @@ def test_file_values_are_read(tmp_path: Path) -> None:
         'policy = "round_robin"\nport = 9001\nbackends = ["http://a:1", {url = "http://b:2", '
         'name = "deep"}]\n[timeouts]\nidle_s = 7\n',
     )
-    config = load_config(path)
+    config = load_config(path, environ={})
     assert config.policy == "round_robin"
     assert config.port == 9001
     assert [b.label for b in config.backends] == ["a:1", "deep"]
@@ -62,19 +62,30 @@ def test_bad_config_names_the_field(
         load_config(_write(tmp_path, text), environ=env)
 
 
+def test_without_environ_the_process_environment_applies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(tmp_path, "port = 9001\n")
+    monkeypatch.setenv("SPECROUTE_PORT", "9002")
+    assert load_config(path).port == 9002
+    assert load_config(path, environ={}).port == 9001
+
+
 def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config(_write(tmp_path, "port = = 3"))
+        load_config(_write(tmp_path, "port = = 3"), environ={})
 
 
 def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path / "absent.toml")
+        load_config(tmp_path / "absent.toml", environ={})
 
 
 def test_duplicate_backend_names_are_rejected() -> None:
     with pytest.raises(ConfigError, match="unique"):
-        load_config(overrides={"backends": [{"url": "http://a:1"}, {"url": "http://a:1"}]})
+        load_config(
+            environ={}, overrides={"backends": [{"url": "http://a:1"}, {"url": "http://a:1"}]}
+        )
 
 
 def test_shipped_example_config_loads_as_documented() -> None:

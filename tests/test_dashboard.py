@@ -33,7 +33,9 @@ INFO = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "max_runni
 
 
 def _state() -> ProxyState:
-    state = ProxyState(load_config(overrides={"backends": [{"url": "http://127.0.0.1:9"}]}))
+    state = ProxyState(
+        load_config(environ={}, overrides={"backends": [{"url": "http://127.0.0.1:9"}]})
+    )
     state.pool.backends[0].apply_server_info(INFO)
     return state
 

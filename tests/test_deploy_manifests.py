@@ -73,7 +73,7 @@ def _port(container: dict[str, Any], name: str) -> int:
 def _proxy_config(rendered: dict[tuple[str, str], dict[str, Any]], tmp: Path) -> Any:
     path = tmp / "specroute.toml"
     path.write_text(rendered[("ConfigMap", "specroute-config")]["data"]["specroute.toml"])
-    return load_config(path)
+    return load_config(path, environ={})
 
 
 def test_kustomization_renders_every_part(rendered: dict[tuple[str, str], Any]) -> None:

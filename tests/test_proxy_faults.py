@@ -108,7 +108,9 @@ def test_client_disconnect_cancels_upstream_under_any_asgi_server() -> None:
 
     with start_emulator(3, "--seed", "1") as backend:
         port = free_port()
-        config = load_config(overrides={"backends": [{"url": backend.url}], "port": port})
+        config = load_config(
+            environ={}, overrides={"backends": [{"url": backend.url}], "port": port}
+        )
         server = uvicorn.Server(
             uvicorn.Config(create_app(config), port=port, http="h11", log_level="warning")
         )
