@@ -17,7 +17,7 @@ import yaml
 from servers import free_port, run_server
 
 from specroute.cli import build_parser
-from specroute.config import load_config
+from specroute.config import Config, load_config
 from specroute.launch.plan import LaunchOptions, sglang_server_args
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,6 +97,7 @@ def test_proxy_config_ports_and_probes_agree(rendered: dict[Any, Any], tmp_path:
     proxy = _container(deployment)
     assert config.host == "0.0.0.0"
     assert config.port == _port(proxy, "http")
+    assert config.policy == Config().policy  # the product's default, not a baseline
     assert proxy["args"] == ["serve", "--config", "/etc/specroute/specroute.toml"]
     assert proxy["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
