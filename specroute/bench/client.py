@@ -8,16 +8,20 @@ moment the load generator meant to send, so queueing inside the client is not hi
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import msgspec
 
 from specroute.bench.timing import estimate_tokens, spread_total, tokens_from_cumulative
 from specroute.bench.workload import PreparedRequest
 from specroute.sse import DONE, SSEDecoder
 
+if TYPE_CHECKING:
+    import aiohttp
+
 __all__ = ["BenchClient", "RequestRecord"]
+
+_NO_AIOHTTP = "the bench's HTTP client needs aiohttp: pip install 'specroute[bench]'"
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -158,6 +162,12 @@ class BenchClient:
     """One long-lived connection pool sized for the bench's concurrency; use `async with`."""
 
     def __init__(self, *, connections: int, api_key: str | None = None, timeout: float = 600.0):
+        try:
+            import aiohttp
+        except ModuleNotFoundError as exc:  # an optional extra: the proxy does not need it
+            raise ModuleNotFoundError(_NO_AIOHTTP, name="aiohttp") from exc
+        self._errors: tuple[type[Exception], ...] = (aiohttp.ClientError, TimeoutError)
+        self._stream_errors = (*self._errors, msgspec.DecodeError)
         self._connections = max(1, connections)
         self._headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if api_key:
@@ -168,6 +178,8 @@ class BenchClient:
         """Every SSE event received by this client (for its self-measurement)."""
 
     async def __aenter__(self) -> BenchClient:
+        import aiohttp
+
         connector = aiohttp.TCPConnector(
             limit=self._connections, limit_per_host=0, ttl_dns_cache=300, force_close=False
         )
@@ -191,7 +203,7 @@ class BenchClient:
         try:
             async with self.session.get(url) as response:
                 return await response.read() if response.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError):
+        except self._errors:
             return None
 
     async def stream(
@@ -221,7 +233,7 @@ class BenchClient:
                                 f"stream error: {msgspec.json.encode(chunk.error)[:200]!r}"
                             )
                         state.add(chunk, at, record)
-        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+        except self._stream_errors as exc:
             record.error = f"{type(exc).__name__}: {exc}"
         finally:
             record.finished = clock() - origin
