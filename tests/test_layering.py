@@ -1,0 +1,136 @@
+"""Dependencies point one way: the import graph of `specroute`, read with `ast` from the source
+(module-level, function-level and type-only imports alike), against the allowed edges below."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "specroute"
+
+ALLOWED: dict[str, frozenset[str]] = {
+    "proxy": frozenset({"pool", "policies"}),
+    "pool": frozenset({"policies"}),
+    "launch": frozenset({"pool"}),
+    "policies": frozenset(),
+    "planner": frozenset({"policies"}),
+    "bench": frozenset(),
+    "emulator": frozenset(),
+}
+"""Each part and the other parts it may import, leaves aside: the design's direction."""
+
+LEAVES = frozenset(
+    {
+        "specroute",  # the package itself: only __version__
+        "speculation",
+        "errors",
+        "config",
+        "logs",
+        "sse",
+        "children",
+        "looplag",
+        "prometheus",
+    }
+)
+"""Modules anyone may import: no I/O of their own, and they import only other leaves."""
+
+ENTRIES = frozenset({"__main__", "cli", "demo", "calibrate"})
+"""Commands that assemble the parts (the demo and calibration run emulators in-process);
+only other commands import them."""
+
+Edge = tuple[str, str, str, int]  # importer part, imported part, file, line
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _part(module: str) -> str:
+    """`specroute.pool.h1` -> `pool`; `specroute.sse` -> `sse`; `specroute` -> `specroute`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _imported(
+    node: ast.Import | ast.ImportFrom, module: str, path: Path, known: set[str]
+) -> Iterator[str]:
+    """The `specroute` modules one import statement names (`from pkg import submodule` counts
+    as the submodule)."""
+    if isinstance(node, ast.Import):
+        yield from (a.name for a in node.names)
+        return
+    base = node.module or ""
+    if node.level:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, *([base] if base else [])])
+    for alias in node.names:
+        full = f"{base}.{alias.name}"
+        yield full if full in known else base
+
+
+def _edges(modules: dict[str, Path]) -> Iterator[Edge]:
+    known = set(modules)
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            for name in _imported(node, module, path, known):
+                if name == "specroute" or name.startswith("specroute."):
+                    source, target = _part(module), _part(name)
+                    if source != target:
+                        yield source, target, str(path.relative_to(PACKAGE.parent)), node.lineno
+
+
+def _allowed(source: str, target: str) -> bool:
+    if target in ENTRIES:
+        return source in ENTRIES
+    if target in LEAVES:
+        return True
+    if source in LEAVES:
+        return False  # a leaf importing a part is no leaf
+    return source in ENTRIES or target in ALLOWED.get(source, frozenset())
+
+
+def test_every_part_of_the_package_is_placed_in_the_layering() -> None:
+    parts = {_part(m) for m in _modules()}
+    unplaced = parts - set(ALLOWED) - LEAVES - ENTRIES
+    assert not unplaced, f"place {sorted(unplaced)} in tests/test_layering.py's ALLOWED or LEAVES"
+
+
+def test_dependencies_point_one_way() -> None:
+    back = [
+        f"{file}:{line}: {source} imports {target}"
+        for source, target, file, line in _edges(_modules())
+        if not _allowed(source, target)
+    ]
+    assert not back, "imports against the layering:\n" + "\n".join(back)
+
+
+def test_speculation_maths_is_stdlib_only() -> None:
+    path = PACKAGE / "speculation.py"
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [("policies", "pool"), ("pool", "proxy"), ("pool", "launch"), ("bench", "policies"),
+     ("emulator", "pool"), ("policies", "emulator"), ("sse", "proxy"), ("bench", "cli")],
+)  # fmt: skip
+def test_back_edges_are_refused(source: str, target: str) -> None:
+    assert not _allowed(source, target)
