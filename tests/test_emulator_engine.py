@@ -88,10 +88,6 @@ def test_seed_capacity_shrinks_with_depth_as_measured(steps: int, capacity: int)
     assert Engine(SEED, steps=steps).max_running_requests == capacity
 
 
-def test_max_running_requests_overrides_profile_capacity() -> None:
-    assert Engine(SEED, steps=1, max_running_requests=5).max_running_requests == 5
-
-
 def test_ignore_eos_runs_every_request_to_max_tokens() -> None:
     result = run_closed_loop(
         SEED, steps=2, concurrency=4, requests=12, output_tokens=37, prompt_tokens=8
@@ -193,15 +189,22 @@ def test_adaptive_depth_follows_batch_size_tiers() -> None:
     adaptive = AdaptiveSteps(3)
     for _ in range(20):
         adaptive.observe(batch_size=2, accepted_per_verify=3.0)
-    assert adaptive.steps in (5, 7)  # all drafts accepted: probe deeper within the 1-7 tier
+    assert adaptive.steps_for(2) in (5, 7)  # all drafts accepted: probe deeper in the 1-7 tier
     for _ in range(20):
         adaptive.observe(batch_size=40, accepted_per_verify=0.5)
-    assert adaptive.steps in (0, 1)
+    assert adaptive.steps_for(40) in (0, 1)
     for _ in range(10):
         adaptive.observe(batch_size=64, accepted_per_verify=0.5)
-    assert adaptive.steps == 0
+    assert adaptive.steps_for(64) == 0
+
+
+def test_adaptive_drops_a_depth_when_acceptance_falls() -> None:
+    adaptive = AdaptiveSteps(5)
+    for _ in range(15):
+        adaptive.observe(batch_size=1, accepted_per_verify=1.0)
+    assert adaptive.steps_for(1) in (1, 3)  # one draft accepted of five: shallower
 
 
 def test_adaptive_rejects_depth_outside_tiers() -> None:
-    with pytest.raises(ValueError, match="tiers"):
+    with pytest.raises(ValueError, match="not in the adaptive config candidate_steps"):
         AdaptiveSteps(2)

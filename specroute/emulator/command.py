@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -11,6 +12,7 @@ import msgspec
 import structlog
 import uvicorn
 
+from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.faults import EXIT_STATUS
 from specroute.emulator.options import SPEC_ALGORITHMS, EmulatorOptions
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
@@ -73,12 +75,15 @@ def _server_flags(group: argparse._ArgumentGroup) -> None:
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=30000, help="SGLang's default port")
     add("--max-running-requests", type=int, default=None,
-        help="default: the profile's memory-bound capacity at this depth")
+        help="a cap: the server runs at most this and what memory holds at its deepest depth "
+        "(default: SGLang's 48 for a speculative server)")
     add("--model-name", default=None, help="served model name (default: the profile's model)")
     add("--speculative-algorithm", choices=SPEC_ALGORITHMS, default=None,
         help="default NEXTN when --steps > 0 (reported as EAGLE, as SGLang does)")
     add("--speculative-adaptive", action="store_true",
         help="switch depth per batch-size tier, as SGLang's adaptive mode")
+    add("--speculative-adaptive-config", default=None, metavar="PATH",
+        help="SGLang's JSON tiers for --speculative-adaptive (default: SGLang's built-in tiers)")
     add("--api-key", default=None,
         help="require 'Authorization: Bearer KEY' (not on /health, /ready, /metrics)")
     add("--decode-log-interval", type=int, default=40,
@@ -93,6 +98,9 @@ def _emulation_flags(group: argparse._ArgumentGroup) -> None:
         help="seeds acceptance draws, output lengths, text and faults")
     add("--time-scale", type=float, default=1.0,
         help="the emulated GPU runs X times faster; reported times stay wall-clock")
+    add("--startup-s", type=_startup, default=0.0, metavar="S|profile",
+        help="emulated seconds to ready, port closed while 'loading', scaled by --time-scale; "
+        "'profile': the profile's real-hardware figure")
 
 
 def _fault_flags(group: argparse._ArgumentGroup) -> None:
@@ -112,10 +120,22 @@ def _fault_flags(group: argparse._ArgumentGroup) -> None:
 # fmt: on
 
 
+def _startup(value: str) -> float | str:
+    if value == "profile":
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'profile', got {value!r}") from None
+
+
 def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
-    """Build and check the options; raises ValueError naming the flag at fault."""
+    """Build and check the options; raises ValueError naming the flag (or file) at fault."""
     fields = {f.name for f in msgspec.structs.fields(EmulatorOptions)}
     raw = {k: v for k, v in vars(args).items() if k in fields}
+    path = raw.get("speculative_adaptive_config")
+    if path is not None:
+        raw["speculative_adaptive_config"] = load_adaptive_config(path)
     try:
         return msgspec.convert(raw, EmulatorOptions)
     except msgspec.ValidationError as exc:
@@ -143,8 +163,12 @@ def run(args: argparse.Namespace) -> int:
         steps=options.steps,
         speculative_algorithm=options.algorithm,
         adaptive=options.speculative_adaptive,
+        max_running_requests=emulator.engine.max_running_requests,
         time_scale=options.time_scale,
+        startup_s=options.startup_seconds,
     )
+    if not _load(emulator.startup.load_s):
+        return 0
     config = uvicorn.Config(
         app,
         host=options.host,
@@ -159,3 +183,16 @@ def run(args: argparse.Namespace) -> int:
     )
     _Server(config, on_exit=emulator.begin_shutdown).run()
     return 0
+
+
+def _load(seconds: float) -> bool:
+    """Stand in for SGLang's weight load: the port stays closed. False if interrupted."""
+    if seconds <= 0:
+        return True
+    log.info("emulator_loading", wall_s=round(seconds, 3))
+    try:
+        time.sleep(seconds)
+    except KeyboardInterrupt:
+        log.info("emulator_stopped", during="loading")
+        return False
+    return True

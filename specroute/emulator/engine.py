@@ -13,10 +13,13 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from specroute.emulator.adaptive import AdaptiveSteps
+from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig, AdaptiveSteps
 from specroute.emulator.profiles import Profile
 
-__all__ = ["Emission", "Engine", "Iteration", "Sequence"]
+__all__ = ["SPECULATIVE_DEFAULT_MAX_RUNNING", "Emission", "Engine", "Iteration", "Sequence"]
+
+SPECULATIVE_DEFAULT_MAX_RUNNING = 48
+"""SGLang's `--max-running-requests` when a speculative server is started without it."""
 
 
 @dataclass(slots=True, eq=False)
@@ -70,7 +73,11 @@ class Iteration:
 
 
 class Engine:
-    """Continuous batching over a FIFO queue, one speculative depth (or adaptive depths)."""
+    """Continuous batching over a FIFO queue, one speculative depth (or adaptive depths).
+
+    At most `max_running_requests` run: the smaller of the flag (SGLang's cap) and what memory
+    holds at the deepest depth the server can run, as SGLang's scheduler does.
+    """
 
     def __init__(
         self,
@@ -80,13 +87,21 @@ class Engine:
         max_running_requests: int | None = None,
         seed: int = 0,
         adaptive: bool = False,
+        adaptive_config: AdaptiveConfig = DEFAULT_ADAPTIVE_CONFIG,
     ) -> None:
         if steps < 0:
             raise ValueError("steps must be 0 (no speculation) or more")
         self.profile = profile
         self.steps = steps
-        self.max_running_requests = max_running_requests or profile.capacity(steps)
-        self.adaptive = AdaptiveSteps(steps) if adaptive else None
+        self.adaptive = AdaptiveSteps(steps, adaptive_config) if adaptive else None
+        self.deepest_steps = adaptive_config.max_steps if adaptive else steps
+        """The depth memory is sized for: an adaptive server's deepest candidate."""
+        self.memory_capacity = profile.capacity(self.deepest_steps)
+        cap = max_running_requests
+        if cap is None and steps > 0:
+            cap = SPECULATIVE_DEFAULT_MAX_RUNNING
+        memory = self.memory_capacity
+        self.max_running_requests = memory if cap is None else min(cap, memory)
         self.clock = 0.0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -99,8 +114,8 @@ class Engine:
 
     @property
     def active_steps(self) -> int:
-        """The depth the next iteration uses (it moves only when adaptive)."""
-        return self.adaptive.steps if self.adaptive else self.steps
+        """The depth the next iteration uses (adaptive: its batch's tier decides)."""
+        return self.adaptive.steps_for(len(self.running)) if self.adaptive else self.steps
 
     def submit(
         self,
@@ -220,7 +235,7 @@ class Engine:
 
     def _draw_rates(self, klass: str) -> tuple[float, ...]:
         """This request's per-position acceptance: the class mean scaled by a Beta draw."""
-        depth = max(self.steps, AdaptiveSteps.MAX_STEPS if self.adaptive else 0)
+        depth = self.deepest_steps
         mean = self.profile.rates(klass, depth)
         if not mean:
             return ()

@@ -30,6 +30,9 @@ def launch_command(options: EmulatorOptions) -> str:
         args += ["--speculative-num-draft-tokens", str(k + 1)]
         if options.speculative_adaptive:
             args.append("--speculative-adaptive")
+        path = _config_path(options)
+        if path is not None:
+            args += ["--speculative-adaptive-config", path]
     if options.max_running_requests is not None:
         args += ["--max-running-requests", str(options.max_running_requests)]
     args += ["--enable-metrics", "--decode-log-interval", str(options.decode_log_interval)]
@@ -69,6 +72,9 @@ def server_info(
             "profile": options.profile,
             "time_scale": options.time_scale,
             "active_speculative_num_steps": engine.active_steps if options.algorithm else None,
+            "memory_capacity": engine.memory_capacity,
+            "memory_sized_for_steps": engine.deepest_steps,
+            "startup_s": options.startup_seconds,
         },
     }
 
@@ -97,8 +103,13 @@ def _server_args(options: EmulatorOptions, max_running: int, context: int) -> di
         "speculative_eagle_topk": 1 if spec else None,
         "speculative_num_draft_tokens": options.steps + 1 if spec else None,
         "speculative_adaptive": options.speculative_adaptive,
-        "speculative_adaptive_config": None,
+        "speculative_adaptive_config": _config_path(options),
     }
+
+
+def _config_path(options: EmulatorOptions) -> str | None:
+    config = options.speculative_adaptive_config
+    return config.source if config is not None else None
 
 
 def model_info(options: EmulatorOptions) -> dict[str, Any]:

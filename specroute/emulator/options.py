@@ -6,7 +6,11 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from specroute.emulator.adaptive import DEFAULT_TIERS
+from specroute.emulator.adaptive import (
+    DEFAULT_ADAPTIVE_CONFIG,
+    AdaptiveConfig,
+    check_initial_steps,
+)
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 
 __all__ = ["SPEC_ALGORITHMS", "EmulatorOptions"]
@@ -27,12 +31,16 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
     profile: str = DEFAULT_PROFILE
     max_running_requests: Count | None = None
-    """None: the profile's memory-bound capacity at this depth."""
+    """A cap under the memory-bound capacity; None: SGLang's default (48 when speculative)."""
     model_name: str | None = None
     """Served model name; None: the profile's model."""
     speculative_algorithm: Literal["EAGLE", "EAGLE3", "NEXTN"] | None = None
     """None with steps > 0 means NEXTN (the MTP head), reported as EAGLE."""
     speculative_adaptive: bool = False
+    speculative_adaptive_config: AdaptiveConfig | None = None
+    """The tiers of `--speculative-adaptive-config` (its path in `source`); None: SGLang's."""
+    startup_s: Annotated[float, msgspec.Meta(ge=0.0)] | Literal["profile"] = 0.0
+    """Emulated seconds from launch to ready; "profile": the profile's real-hardware figure."""
     api_key: str | None = None
     seed: int = 0
     time_scale: Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)] = 1.0
@@ -50,11 +58,20 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if self.steps == 0 and self.speculative_algorithm is not None:
             raise ValueError("--speculative-algorithm needs --steps 1 or more")
         if self.speculative_adaptive:
-            depths = sorted({k for _, tier in DEFAULT_TIERS for k in tier} - {0})
-            if self.steps not in depths:
-                raise ValueError(
-                    f"--speculative-adaptive needs --steps in one of the tiers' depths {depths}"
-                )
+            if self.steps == 0:
+                raise ValueError("--speculative-adaptive needs --steps 1 or more")
+            check_initial_steps(self.steps, self.adaptive_config)
+
+    @property
+    def adaptive_config(self) -> AdaptiveConfig:
+        return self.speculative_adaptive_config or DEFAULT_ADAPTIVE_CONFIG
+
+    @property
+    def startup_seconds(self) -> float:
+        """Emulated start-up time, before `--time-scale`."""
+        if self.startup_s == "profile":
+            return PROFILES[self.profile].startup_s
+        return self.startup_s
 
     @property
     def algorithm(self) -> str | None:

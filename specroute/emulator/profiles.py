@@ -1,8 +1,9 @@
 """Performance profiles: the calibrated stand-ins for a GPU, a model and its draft head.
 
 Each profile gives the iteration time `T(b, k) = t0 + k * t_draft(b) + t_verify(b * (k + 1))`,
-the capacity `R(k) = floor(C / (r + k + 1))`, prefill cost, output lengths, and per-position
-draft acceptance for each sampling class. Their sources are in `docs/emulator-profiles.md`.
+the capacity `R(k) = floor(C / (r + k + 1))`, prefill cost, output lengths, per-position draft
+acceptance for each sampling class, and how long a real server takes to start. Their sources
+are in `docs/emulator-profiles.md`.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     mean_output_tokens: int
     """Mean length at which a request without `ignore_eos` ends on its own (log-normal)."""
     context_length: int = 262144
+    startup_s: float
+    """Seconds from launch to ready on real hardware (weights, CUDA graphs, warm-up)."""
 
     def __post_init__(self) -> None:
         missing = set(SAMPLING_CLASSES) - set(self.acceptance)
@@ -140,6 +143,7 @@ SEED_QWEN35_122B = Profile(
     },
     spread=40.0,
     mean_output_tokens=400,
+    startup_s=88.0,
 )
 
 COSTLY_DRAFTS = Profile(
@@ -167,6 +171,7 @@ COSTLY_DRAFTS = Profile(
     },
     spread=20.0,
     mean_output_tokens=300,
+    startup_s=88.0,
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (SEED_QWEN35_122B, COSTLY_DRAFTS)}

@@ -29,6 +29,7 @@ from specroute.emulator.faults import Faults
 from specroute.emulator.metrics import Stats
 from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.profiles import get_profile
+from specroute.emulator.startup import WARMUP_PROMPT_TOKENS, WARMUP_TOKENS, StartupPlan
 from specroute.emulator.streams import Reply, Responder
 from specroute.emulator.text import TextSource
 from specroute.emulator.wire import (
@@ -83,6 +84,7 @@ class Emulator:
             max_running_requests=options.max_running_requests,
             seed=options.seed,
             adaptive=options.speculative_adaptive,
+            adaptive_config=options.adaptive_config,
         )
         self.stats = Stats(
             model_name=self.served,
@@ -94,6 +96,9 @@ class Emulator:
         self.driver = Driver(self.engine, self.stats, time_scale=options.time_scale)
         self.faults = Faults(options)
         self.responder = Responder(self.driver, self.faults, speculative=speculative)
+        self.startup = StartupPlan.of(options.startup_seconds, options.time_scale)
+        self.warmed = self.startup.instant
+        """False until SGLang's warm-up request has run: `/health` and `/ready` answer 503."""
         self.startup_time = time.time()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -103,12 +108,35 @@ class Emulator:
         self.driver.start()
         self.faults.restart_clock()
         self.startup_time = time.time()
-        log.info("emulator_ready", note="EMULATED SGLang server: no GPU, no model")
+        warmup = None if self.warmed else asyncio.create_task(self._warm_up(), name="warm-up")
+        if warmup is None:
+            log.info("emulator_ready", note="EMULATED SGLang server: no GPU, no model")
         try:
             yield
         finally:
+            if warmup is not None:
+                warmup.cancel()
             await self.driver.stop()
             log.info("emulator_stopped")
+
+    async def _warm_up(self) -> None:
+        """SGLang's warm-up: a pause, then one short greedy generation, then ready."""
+        await asyncio.sleep(self.startup.warmup_wait_s)
+        job = self.driver.submit(
+            f"WARMUP_{uuid.uuid4().hex}",
+            prompt_tokens=WARMUP_PROMPT_TOKENS,
+            max_new_tokens=WARMUP_TOKENS,
+            klass="greedy",
+            ignore_eos=True,
+            stream=False,
+            record=False,
+        )
+        try:
+            await job.wait_finished()
+        finally:
+            self.driver.release(job)
+        self.warmed = True
+        log.info("emulator_ready", note="EMULATED SGLang server: no GPU, no model")
 
     def begin_shutdown(self) -> None:
         """Safe from a signal handler: end every open response on the loop's next turn."""
@@ -117,7 +145,7 @@ class Emulator:
 
     @property
     def ready(self) -> bool:
-        return self.faults.ready and self.driver.alive
+        return self.warmed and self.faults.ready and self.driver.alive
 
     # -- generation routes ----------------------------------------------------------------
     async def chat(self, request: Request[Any, Any, Any]) -> Response[Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig
 from specroute.emulator.engine import Engine, Sequence
 from specroute.emulator.profiles import Profile
 
@@ -38,9 +39,18 @@ def run_closed_loop(
     ignore_eos: bool = True,
     seed: int = 0,
     adaptive: bool = False,
+    adaptive_config: AdaptiveConfig = DEFAULT_ADAPTIVE_CONFIG,
+    max_running_requests: int | None = None,
 ) -> LevelResult:
     """`concurrency` users each send their next request as soon as the previous one ends."""
-    engine = Engine(profile, steps=steps, seed=seed, adaptive=adaptive)
+    engine = Engine(
+        profile,
+        steps=steps,
+        seed=seed,
+        adaptive=adaptive,
+        adaptive_config=adaptive_config,
+        max_running_requests=max_running_requests,
+    )
     sent = 0
 
     def send() -> None:
