@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from specroute.children import free_port, spawn, stop, wait_ready_sync
 
 HERE = Path(__file__).resolve().parent
 BODY = b'{"model":"bench","messages":[{"role":"user","content":"hi"}],"stream":true}'
@@ -46,12 +47,6 @@ class Chunk(msgspec.Struct):
 decode_chunk = msgspec.json.Decoder(Chunk).decode
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextlib.contextmanager
 def upstream(events: int, interval: float, tokens: int = 1) -> Iterator[str]:
     port = free_port()
@@ -67,16 +62,14 @@ def upstream(events: int, interval: float, tokens: int = 1) -> Iterator[str]:
         "--tokens",
         str(tokens),
     ]
-    proc = subprocess.Popen(args, preexec_fn=lambda: os.sched_setaffinity(0, {1}))
+    proc = spawn(args)
+    os.sched_setaffinity(proc.pid, {1})
+    url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(200):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        wait_ready_sync(url, process=proc, within=10, name="sse_upstream", connect_only=True)
+        yield url
     finally:
-        proc.terminate()
-        proc.wait()
+        stop(proc)
 
 
 def count_events(decoder: Any, data: bytes) -> int:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -34,18 +33,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from specroute.children import free_port, spawn, stop, wait_ready_sync  # noqa: E402  # after the path
+
 CONTENT = b'"content":"'
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def pin(cpu: int) -> None:
+def pin(cpu: int, pid: int = 0) -> None:
     if hasattr(os, "sched_setaffinity") and cpu < (os.cpu_count() or 1):
-        os.sched_setaffinity(0, {cpu})
+        os.sched_setaffinity(pid, {cpu})
 
 
 # -- client process -----------------------------------------------------------------------
@@ -131,29 +126,19 @@ def emulator(port: int, steps: int, time_scale: float, max_running: int) -> Iter
     args = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
     args += ["--port", str(port), "--time-scale", str(time_scale)]
     args += ["--max-running-requests", str(max_running)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
+    process = spawn(
         args,
-        env=env,
+        env={"PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=lambda: pin(1),
     )
+    pin(1, process.pid)
     try:
-        import httpx
-
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
-                    break
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("emulator did not start")
-            time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/ready"
+        wait_ready_sync(url, process=process, poll_s=0.1, name="the emulator")
         yield process.pid
     finally:
-        process.terminate()
-        process.wait(timeout=15)
+        stop(process, grace_s=15)
 
 
 def measure(pid: int, url: str, n: int, seconds: float, max_tokens: int) -> dict[str, Any]:

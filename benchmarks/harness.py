@@ -4,14 +4,11 @@ what /proc says about its descriptors, memory and upstream connections. Loopback
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +16,7 @@ import httpx
 
 from specroute.bench import ApiSettings, BenchClient, RequestRecord, Sampling, SweepSettings, Target
 from specroute.bench.sweep import LevelPlan, run_level
+from specroute.children import free_port, spawn, stop, wait_ready
 
 __all__ = [
     "Emulator",
@@ -32,25 +30,6 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-async def _wait_ready(url: str, process: subprocess.Popen[bytes], within: float) -> None:
-    deadline = time.monotonic() + within
-    async with httpx.AsyncClient(timeout=1.0) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"{url} exited with status {process.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await client.get(url + "/ready")).status_code == 200:
-                    return
-            await asyncio.sleep(0.05)
-    raise TimeoutError(f"{url} not ready after {within:.0f} s")
 
 
 @dataclass
@@ -72,21 +51,24 @@ class Emulator:
     def name(self) -> str:
         return f"{HOST}:{self.port}"
 
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"emulator-{self.port}.log"
+
     def start(self, *faults: str) -> None:
         cmd = [sys.executable, "-m", "specroute", "emulate", "--steps", str(self.steps)]
         cmd += ["--host", HOST, "--port", str(self.port), *self.args, *faults]
-        with (self.log_dir / f"emulator-{self.port}.log").open("ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=log)
+        with self.log.open("ab") as log:
+            self.process = spawn(cmd, stdout=log, stderr=log)
 
     async def ready(self, within: float = 30.0) -> None:
         assert self.process is not None
-        await _wait_ready(self.url, self.process, within)
+        await wait_ready(self.url + "/ready", process=self.process, within=within, output=self.log)
 
     def kill(self) -> None:
         """Die at once, as a crashed server does (a frozen one is thawed first)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            stop(self.process, sig=signal.SIGKILL)
         self.frozen = False
 
     def freeze(self, frozen: bool) -> None:
@@ -101,14 +83,10 @@ class Emulator:
         await self.ready()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process is not None:
             if self.frozen:
                 self.freeze(False)
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            stop(self.process, grace_s=10)
 
 
 @dataclass
@@ -128,8 +106,8 @@ class Proxy:
         cmd = [sys.executable, "-m", "specroute", "serve", "--config", str(self.config)]
         cmd += ["--host", HOST, "--port", str(self.port)]
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=log)  # noqa: ASYNC220  # returns at once
-        await _wait_ready(self.url, self.process, 30.0)
+            self.process = spawn(cmd, stdout=log, stderr=log)
+        await wait_ready(self.url + "/ready", process=self.process, within=30.0, output=self.log)
 
     @property
     def pid(self) -> int:
@@ -140,14 +118,7 @@ class Proxy:
         """SIGTERM, then wait: the proxy's own graceful shutdown."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
+        return stop(self.process, grace_s=60)
 
     async def metrics(self, client: httpx.AsyncClient) -> dict[str, float]:
         return parse_metrics((await client.get(self.url + "/metrics")).text)

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 import msgspec
 
+from specroute.children import spawn, stop_async, wait_ready
 from specroute.emulator.fleet import EmulatedServer, emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.logs import configure_logging
@@ -45,31 +46,16 @@ async def running_proxy(
 ) -> AsyncIterator[str]:
     """`specroute serve` in a child process, ready when the block starts."""
     backends = [arg for s in servers for arg in ("--backend", f"{s.label}={s.url}")]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "specroute", "serve", *backends, "--host", host,
-        "--port", str(port), "--policy", policy, "--log-level", "warning",
+    process = spawn(
+        [sys.executable, "-m", "specroute", "serve", *backends, "--host", host,
+         "--port", str(port), "--policy", policy, "--log-level", "warning"],
     )  # fmt: skip
     url = f"http://{host}:{port}"
     try:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            for _ in range(300):
-                if process.returncode is not None:
-                    raise RuntimeError(f"the proxy exited with status {process.returncode}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(url + "/ready")).status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
-            else:
-                raise TimeoutError("the proxy did not become ready within 30 s")
+        await wait_ready(url + "/ready", process=process, poll_s=0.1, name="the proxy")
         yield url
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                await asyncio.wait_for(process.wait(), timeout=10)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
+        await stop_async(process, sig=signal.SIGINT)
 
 
 class Served(msgspec.Struct):

@@ -5,23 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import httpx
+from specroute.children import free_port, spawn, stop, wait_ready_sync
 
 __all__ = ["Server", "free_port", "run_server", "start_emulator"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -32,36 +23,10 @@ class Server:
 
     def kill(self) -> None:
         """Die at once, as a crashed backend does."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        stop(self.process, sig=signal.SIGKILL)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGINT)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def _wait_until_up(server: Server, ready_path: str | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(
-                f"server on port {server.port} exited with {server.process.returncode}"
-            )
-        try:
-            if ready_path is None:
-                with socket.create_connection(("127.0.0.1", server.port), timeout=0.5):
-                    return
-            elif httpx.get(server.url + ready_path, timeout=0.5).status_code == 200:
-                return
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"server on port {server.port} did not come up in {timeout} s")
+        stop(self.process, sig=signal.SIGINT, grace_s=10)
 
 
 @contextlib.contextmanager
@@ -75,16 +40,23 @@ def run_server(
     """Run `python -m specroute ARGS --port P` until the block ends; `ready_path=None` waits
     only for the port to accept connections (for servers that start not ready on purpose)."""
     port = port or free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
+    quiet = os.environ.get("SPECROUTE_TEST_QUIET", "1") == "1"
+    process = spawn(
         [sys.executable, "-m", "specroute", *args, "--host", "127.0.0.1", "--port", str(port)],
-        env=env,
+        env={"PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL if os.environ.get("SPECROUTE_TEST_QUIET", "1") == "1" else None,
+        stderr=subprocess.DEVNULL if quiet else None,
     )
     server = Server(url=f"http://127.0.0.1:{port}", port=port, process=process)
     try:
-        _wait_until_up(server, ready_path, timeout)
+        wait_ready_sync(
+            server.url + (ready_path or ""),
+            process=process,
+            within=timeout,
+            poll_s=0.05,
+            name=f"server on port {port}",
+            connect_only=ready_path is None,
+        )
         yield server
     finally:
         server.stop()

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from servers import free_port
+
+from specroute.children import free_port
 
 
 @pytest.mark.timeout(120)

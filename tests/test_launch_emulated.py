@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import free_port
+
+from specroute.children import free_port, spawn, stop
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
@@ -71,19 +72,14 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
     argv += ["--log-dir", str(tmp_path / "logs"), "--drain", "10", "--policy", "least_loaded"]
     argv += ["--emulator-arg=--time-scale=20"]
     with output.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        process = spawn(argv, stdout=out, stderr=subprocess.STDOUT)
     run = Launch(f"http://127.0.0.1:{port}", process, output, tmp_path / "logs")
     try:
         _until(lambda: "pool ready" in run.text() or process.poll() is not None, "the pool")
         assert process.poll() is None, run.text()
         yield run
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop(process, grace_s=30)
 
 
 def _healthy(url: str, backend_port: int) -> bool:

@@ -5,7 +5,6 @@ and on SIGINT/SIGTERM stop the proxy first (its streams drain), then the servers
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import shutil
@@ -17,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-import httpx
 import msgspec
 import structlog
 
+from specroute.children import NotReady, tail, wait_ready
 from specroute.launch.plan import LaunchPlan
 from specroute.launch.supervisor import Supervised
 
@@ -141,30 +140,47 @@ class Launcher:
         await asyncio.gather(*(s.stop(self.settings.drain_s) for s in self.servers))
 
     async def _wait_ready(self, children: Sequence[Supervised], path: str) -> None:
+        """Wait until every child answers `path`, saying which are still loading; return early
+        when asked to stop. No early exit on a crash: the supervisor restarts the child."""
         started = time.monotonic()
-        deadline = started + self.settings.ready_timeout_s
         pending = {c.plan.name: c for c in children}
-        next_report = started + self.settings.progress_every_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while pending and not self._stop.is_set():
-                for name, child in list(pending.items()):
-                    if await _answers(client, child.plan.url + path):
-                        del pending[name]
-                        self._say(f"  {name} ready after {time.monotonic() - started:.1f} s")
-                now = time.monotonic()
-                if pending and now >= deadline:
-                    raise LaunchError(self._timeout_message(list(pending.values())))
-                if pending and now >= next_report:
+        waits = {asyncio.create_task(self._ready(c, path, pending, started)) for c in children}
+        stopping = asyncio.create_task(self._stop.wait())
+        every = self.settings.progress_every_s
+        next_report = started + every
+        try:
+            while waits and not stopping.done():
+                wake = max(0.0, next_report - time.monotonic())
+                done, _ = await asyncio.wait(
+                    [*waits, stopping], timeout=wake, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in waits & done:
+                    waits.discard(task)
+                    if isinstance(task.exception(), NotReady):
+                        raise LaunchError(self._timeout_message(list(pending.values())))
+                    task.result()
+                if waits and time.monotonic() >= next_report:
                     waiting = ", ".join(sorted(pending))
-                    self._say(f"  waiting for {waiting} ({now - started:.0f} s)")
-                    next_report = now + self.settings.progress_every_s
-                if pending:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), self.settings.poll_s)
+                    self._say(f"  waiting for {waiting} ({time.monotonic() - started:.0f} s)")
+                    next_report = time.monotonic() + every
+        finally:
+            stopping.cancel()
+            for task in waits:
+                task.cancel()
+
+    async def _ready(
+        self, child: Supervised, path: str, pending: dict[str, Supervised], started: float
+    ) -> None:
+        await wait_ready(
+            child.plan.url + path,
+            within=self.settings.ready_timeout_s,
+            poll_s=self.settings.poll_s,
+            name=child.plan.name,
+        )
+        del pending[child.plan.name]
+        self._say(f"  {child.plan.name} ready after {time.monotonic() - started:.1f} s")
 
     def _timeout_message(self, children: Sequence[Supervised]) -> str:
-        from specroute.launch.supervisor import tail
-
         parts = [
             f"not ready after {self.settings.ready_timeout_s:.0f} s: "
             + ", ".join(c.plan.name for c in children)
@@ -184,10 +200,3 @@ class Launcher:
         )
         lines.append("Ctrl-C (or SIGTERM) stops everything.")
         return "\n".join(lines)
-
-
-async def _answers(client: httpx.AsyncClient, url: str) -> bool:
-    try:
-        return (await client.get(url)).status_code == 200
-    except httpx.HTTPError:
-        return False

@@ -5,31 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
+from specroute.children import spawn, stop_async, tail, wait_exit
 from specroute.launch.plan import ProcessPlan
 
-__all__ = ["Backoff", "Supervised", "tail"]
+__all__ = ["Backoff", "Supervised"]
 
 log = structlog.get_logger()
-
-
-def tail(path: Path, lines: int = 20) -> str:
-    """The last `lines` lines of a log file (empty if it does not exist)."""
-    try:
-        with path.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 64 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
 
 
 class Backoff:
@@ -66,7 +55,7 @@ class Supervised:
         self.log_path = log_dir / f"{plan.name}.log"
         self.backoff = backoff or Backoff()
         self.restarts = 0
-        self.process: asyncio.subprocess.Process | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         self._on_crash = on_crash
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -78,27 +67,26 @@ class Supervised:
 
     @property
     def running(self) -> bool:
-        return self.process is not None and self.process.returncode is None
+        return self.process is not None and self.process.poll() is None
 
     async def start(self) -> None:
         """Start the process and a task that restarts it whenever it exits unasked."""
-        await self._spawn()
+        self._spawn()
         self._task = asyncio.create_task(self._keep_alive(), name=f"supervise-{self.plan.name}")
 
-    async def _spawn(self) -> None:
+    def _spawn(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as logfile:
             logfile.write(f"\n=== start: {self.plan.shell()}\n".encode())
             logfile.flush()
             # A new session: Ctrl-C on the terminal reaches the launcher only, which then
             # stops the children in order (proxy first, so streams drain).
-            self.process = await asyncio.create_subprocess_exec(
-                *self.plan.argv,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.plan.env},
-                stdin=asyncio.subprocess.DEVNULL,
+            self.process = spawn(
+                self.plan.argv,
+                env={"PYTHONUNBUFFERED": "1", **self.plan.env},
                 stdout=logfile,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
+                stderr=subprocess.STDOUT,
+                new_session=True,
             )
         self._started_at = time.monotonic()
         log.info(
@@ -108,7 +96,7 @@ class Supervised:
     async def _keep_alive(self) -> None:
         while True:
             assert self.process is not None
-            status = await self.process.wait()
+            status = await wait_exit(self.process)
             if self._stopping:
                 return
             uptime = time.monotonic() - self._started_at
@@ -127,30 +115,20 @@ class Supervised:
             if self._stopping:
                 return
             self.restarts += 1
-            await self._spawn()
-
-    def signal(self, sig: int = signal.SIGTERM) -> None:
-        """Send `sig` now and restart no more."""
-        self._stopping = True
-        if self.running:
-            assert self.process is not None
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(sig)
+            self._spawn()
 
     async def stop(self, grace_s: float = 30.0) -> int | None:
-        """SIGTERM, wait up to `grace_s` (SGLang and the proxy drain in that time), then SIGKILL."""
-        self.signal(signal.SIGTERM)
+        """SIGTERM, wait up to `grace_s` (SGLang and the proxy drain in that time), then SIGKILL
+        the whole session: SGLang's scheduler and detokenizer processes go too."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self.process is None:
             return None
-        try:
-            return await asyncio.wait_for(self.process.wait(), timeout=grace_s)
-        except TimeoutError:
+        was_running = self.running
+        status = await stop_async(self.process, grace_s=grace_s, kill_group=True)
+        if was_running and status == -signal.SIGKILL:
             log.warning("process_killed", name=self.plan.name, after_s=grace_s)
-            # The whole session: SGLang's scheduler and detokenizer processes go too.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            return await self.process.wait()
+        return status
