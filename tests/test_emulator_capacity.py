@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import socket
@@ -26,6 +27,7 @@ from specroute.emulator.adaptive_config import (
     load_adaptive_config,
     parse_adaptive_config,
 )
+from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.server import create_app
 from specroute.emulator.startup import StartupPlan
 
@@ -267,3 +269,20 @@ def test_port_stays_closed_while_loading_for_the_scaled_time() -> None:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def test_fleet_passes_capacity_adaptive_config_and_startup_through() -> None:
+    extra = ["--speculative-adaptive", "--speculative-adaptive-config", str(CAPPED)]
+    extra += ["--startup-s", "3", "--time-scale", "10"]
+
+    async def server_infos() -> list[dict[str, Any]]:
+        async with (
+            emulated_fleet([1, 3], profile="seed-qwen35-122b", extra_args=extra) as servers,
+            httpx.AsyncClient(timeout=10) as client,
+        ):
+            return [(await client.get(s.url + "/server_info")).json() for s in servers]
+
+    infos = asyncio.run(server_infos())
+    assert [info["max_running_requests"] for info in infos] == [17, 17]
+    assert {info["speculative_adaptive_config"] for info in infos} == {str(CAPPED)}
+    assert {info["emulator"]["startup_s"] for info in infos} == {3.0}

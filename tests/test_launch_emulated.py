@@ -16,8 +16,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from litestar.testing import TestClient
 
 from specroute.children import free_port, spawn, stop
+from specroute.emulator import EmulatorOptions
+from specroute.emulator.seed import SEED_MAX_RUNNING_REQUESTS
+from specroute.emulator.server import create_app
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
@@ -104,6 +108,19 @@ def test_launch_emulate_serves_requests_through_the_proxy(launch: Launch) -> Non
         "steps2.log",
         "steps3.log",
     ]
+
+
+def test_launched_servers_report_the_limits_of_emulate_started_by_hand(launch: Launch) -> None:
+    for k in (1, 2, 3):
+        match = re.search(rf"steps{k}\s+(http://127\.0\.0\.1:\d+)", launch.text())
+        assert match, launch.text()
+        launched = httpx.get(match.group(1) + "/server_info", timeout=10).json()
+        with TestClient(create_app(EmulatorOptions(steps=k))) as by_hand:
+            expected = by_hand.get("/server_info").json()["max_running_requests"]
+        # The launcher's --max-running-requests 48 is a cap: each depth runs what memory holds.
+        assert launched["max_running_requests"] == expected == SEED_MAX_RUNNING_REQUESTS[k]
+        state = launched["internal_states"][0]
+        assert state["effective_max_running_requests_per_dp"] == expected
 
 
 def test_killed_server_is_restarted_and_readmitted(launch: Launch) -> None:
