@@ -128,9 +128,11 @@ class ClientConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What one client may ask of the proxy: header size and count, time to send its request,
-    open connections, how long it may leave a stream unread (`client_stall_s`: then the
-    stream ends and its backend is freed); and how long streams run on after SIGTERM."""
+    """What one client may ask of the proxy: header size and count, time to send its request
+    (headers from the first byte, body from the end of the headers), open connections (in all,
+    per peer address, and `reserved_connections` that only clients with a valid API key may
+    hold: 1/16 of them unless set), how long it may leave a stream unread (`client_stall_s`:
+    then the stream ends and its backend is freed); and how long streams run on after SIGTERM."""
 
     max_header_bytes: Count = 64 * 1024
     max_headers: Count = 100
@@ -138,7 +140,19 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     body_timeout_s: Positive = 60.0
     client_stall_s: Positive = 60.0
     max_connections: Count = 4096
+    reserved_connections: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    max_connections_per_peer: Count | None = None
     shutdown_grace_s: NonNegative = 30.0
+
+    def __post_init__(self) -> None:
+        if self.reserve >= self.max_connections:
+            raise ValueError("reserved_connections must be less than max_connections")
+
+    @property
+    def reserve(self) -> int:
+        """Connections only keyed clients may hold (when API keys are configured)."""
+        given = self.reserved_connections
+        return self.max_connections // 16 if given is None else given
 
 
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import select
 import socket
 import time
 from collections.abc import Iterator
@@ -190,6 +191,22 @@ def test_oversized_or_too_many_headers_are_431_and_the_connection_closes(
     reply = raw_exchange(proxy, request)
     assert reply.startswith(b"HTTP/1.1 431")
     assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "headers_too_large"
+
+
+@pytest.mark.parametrize("start", [b"x-big: ", b"x-big"], ids=["endless-value", "endless-name"])
+def test_a_header_line_that_never_ends_is_431_as_soon_as_it_passes_the_limit(
+    proxy: Server, start: bytes
+) -> None:
+    chunk = b"a" * 8192
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n" + start)
+        with contextlib.suppress(OSError):
+            for _ in range(512):  # 4 MiB, far past the limit, unless answered first
+                sock.sendall(chunk)
+                if select.select([sock], [], [], 0)[0]:
+                    break
+        reply = _read_all(sock)
+    assert reply.startswith(b"HTTP/1.1 431")  # not 408 at the header timeout, all buffered
 
 
 def test_headers_sent_too_slowly_get_408_and_the_connection_closes(proxy: Server) -> None:

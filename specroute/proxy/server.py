@@ -1,6 +1,7 @@
-"""Serving the proxy with uvicorn: the limited HTTP protocol, and a graceful shutdown that stops
-accepting at once, lets requests in flight finish for a grace period, then ends the rest with an
-error (an error event and `[DONE]` in a stream) before the pool and its connections close."""
+"""Serving the proxy with uvicorn: the limited HTTP protocol (with the descriptors its connection
+limit needs), and a graceful shutdown that stops accepting at once, lets requests in flight finish
+for a grace period, then ends the rest with an error (an error event and `[DONE]` in a stream)
+before the pool and its connections close."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import gc
 import math
+import resource
 import socket
 
 import structlog
@@ -23,6 +25,7 @@ log = structlog.get_logger()
 
 # uvicorn's own deadline comes after ours: it cancels tasks without ending their streams.
 _BACKSTOP_S = 10.0
+_SPARE_FDS = 64  # listeners, log files, DNS, the loop's own
 
 
 class _Server(uvicorn.Server):
@@ -44,6 +47,20 @@ class _Server(uvicorn.Server):
         log.info("shutdown_finished")
 
 
+def _raise_fd_limit(config: Config) -> None:
+    """Each client and upstream connection is a descriptor: lift the soft limit (often 1024)
+    toward the hard one, so that the connection limits, not `accept` failing, decide."""
+    need = config.limits.max_connections + config.client.max_connections + _SPARE_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < need:
+        log.warning("fd_limit_low", need=need, limit=target)
+
+
 def serve(app: ProxyApp, config: Config) -> None:
     """Run `app` on `config.host:config.port` until SIGINT or SIGTERM."""
     # Everything built so far (the imported libraries, the app) lives as long as the process:
@@ -52,13 +69,15 @@ def serve(app: ProxyApp, config: Config) -> None:
     gc.collect()
     gc.freeze()
     limits = config.limits
+    _raise_fd_limit(config)
     server_config = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         loop="uvloop",
-        http=limited_protocol(limits),
-        proxy_headers=False,  # nothing here reads the client's address
+        http=limited_protocol(limits, app.state.auth),
+        ws="none",  # no upgrade may hand a connection to a protocol without these limits
+        proxy_headers=False,  # a peer is the socket's address (per-peer limit), never a header
         lifespan="on",
         log_level="warning",
         access_log=False,
