@@ -16,6 +16,7 @@ import asyncio
 import datetime
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,8 @@ from typing import Any
 import httpx
 
 from specroute.bench.stats import percentile
-from specroute.emulator.fleet import emulated_fleet, free_port
+from specroute.children import free_port, spawn, stop_async, wait_ready
+from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import get_profile, sampling_class
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,19 +72,6 @@ def _config(path: Path, urls: list[str], policy: str, port: int) -> None:
     path.write_text("\n".join(lines) + "\n")  # fmt: skip
 
 
-async def _wait_ready(url: str, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while time.monotonic() < deadline:
-            try:
-                if (await client.get(url + "/ready")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"proxy at {url} not ready")
-
-
 async def one_run(
     out: Path, profile: str, run: tuple[str, tuple[int, ...], bool, str], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -95,13 +84,13 @@ async def one_run(
         port = free_port()
         config = out / f"{tag}.toml"
         _config(config, [s.url for s in servers], policy, port)
-        proxy = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "specroute", "serve", "--config", str(config),
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        proxy = spawn(
+            [sys.executable, "-m", "specroute", "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            await _wait_ready(url)
+            await wait_ready(url + "/ready", process=proxy, poll_s=0.2, name="the proxy")
             await asyncio.sleep(1.5)  # discovery of every backend
             trace = out / f"{tag}.json"
             cmd = [sys.executable, "-m", "specroute", "bench", "trace", str(SCENARIO), url,
@@ -117,8 +106,7 @@ async def one_run(
             (out / f"{tag}.pool.json").write_text(json.dumps(pool, indent=1))
             (out / f"{tag}.metrics.txt").write_text(metrics)
         finally:
-            proxy.terminate()
-            await proxy.wait()
+            await stop_async(proxy)
     row = summarize(json.loads(trace.read_text()))
     row.update(profile=profile, pool=label, policy=policy, tag=tag)
     return row

@@ -16,16 +16,15 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import aiohttp
-import httpx
 
 from specroute.bench.stats import percentile
+from specroute.children import spawn, stop, wait_ready_sync
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -138,20 +137,12 @@ def _serve_proxy(port: int, backend: str, transport: str) -> None:
 @contextlib.contextmanager
 def _process(code: str, port: int) -> Iterator[None]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    proc = spawn([sys.executable, "-c", code], env=env)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
-        else:
-            raise TimeoutError(f"nothing ready on port {port}")
+        wait_ready_sync(f"http://127.0.0.1:{port}/ready", process=proc, poll_s=0.1)
         yield
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 async def _drive(url: str, body: bytes, concurrency: int, total: int) -> tuple[list[float], float]:
@@ -205,15 +196,14 @@ def _dashboard_viewers(code: str, clients: int) -> Iterator[None]:
         yield
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    proc = spawn([sys.executable, "-c", code], env=env)
     try:
         time.sleep(2.0)  # every viewer has loaded its history before the first timed run
         yield
         if proc.poll() is not None:
             raise RuntimeError(f"the dashboard viewers exited early ({proc.returncode})")
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 # ---------------------------------------------------------------------------------------------
