@@ -17,6 +17,7 @@ import pytest
 import structlog
 from servers import free_port, run_server, start_emulator
 
+from specroute.children import spawn, stop, wait_ready_sync
 from specroute.config import BackendConfig, Config, HealthConfig
 from specroute.pool import Pool, UpstreamClient
 from specroute.pool.discovery import DnsDiscovery, expand, resolve_host
@@ -67,23 +68,16 @@ def same_port_emulators() -> Iterator[int]:
     port = _port_free_on_all()
     argv = [sys.executable, "-m", "specroute", "emulate", "--port", str(port)]
     procs = [
-        subprocess.Popen([*argv, "--steps", str(k), "--host", address], stderr=subprocess.DEVNULL)
+        spawn([*argv, "--steps", str(k), "--host", address], stderr=subprocess.DEVNULL)
         for k, address in enumerate(ADDRESSES, start=1)
     ]
     try:
-        deadline = time.monotonic() + 30
-        for address in ADDRESSES:
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"http://{address}:{port}/ready").status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "emulators did not start"
-                time.sleep(0.1)
+        for address, proc in zip(ADDRESSES, procs, strict=True):
+            wait_ready_sync(f"http://{address}:{port}/ready", process=proc, poll_s=0.1)
         yield port
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop(proc)
 
 
 def test_dns_discovery_adds_and_removes_backends_as_the_name_changes(

@@ -7,12 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import os
 import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import httpx
 import pytest
 from servers import Server, free_port, start_emulator
 
+from specroute.children import spawn, wait_ready_sync
 from specroute.config import BackendConfig, Config
 from specroute.proxy.app import create_app
 from specroute.proxy.auth import Auth
@@ -121,7 +119,7 @@ def _logged_proxy(tmp: Path, backend: Server) -> Iterator[tuple[Server, Path]]:
     log = tmp / "proxy.log"
     port = free_port()
     with log.open("wb") as sink:
-        process = subprocess.Popen(
+        process = spawn(
             [
                 sys.executable,
                 "-m",
@@ -134,16 +132,11 @@ def _logged_proxy(tmp: Path, backend: Server) -> Iterator[tuple[Server, Path]]:
             ],
             stdout=sink,
             stderr=sink,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={"PYTHONUNBUFFERED": "1"},
         )
         server = Server(url=f"http://127.0.0.1:{port}", port=port, process=process)
         try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(server.url + "/ready", timeout=1).status_code == 200:
-                        break
-                time.sleep(0.05)  # polling another process
+            wait_ready_sync(server.url + "/ready", process=process, output=log)
             yield server, log
         finally:
             server.stop()
