@@ -11,7 +11,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -36,7 +36,7 @@ Output = int | IO[bytes] | None  # what Popen takes for stdout and stderr
 
 
 class ChildFailed(RuntimeError):
-    """A child process did not come up; the message names it and shows the end of its log."""
+    """A child process did not come up; the message names it (and ends with its log's tail)."""
 
 
 class ChildExited(ChildFailed):
@@ -96,36 +96,21 @@ def _with_log(message: str, output: Path | None) -> str:
     return f"{message}; last lines of {output}:\n{last}" if last else message
 
 
-async def _poll(
-    answers: Callable[[], Awaitable[bool]],
-    *,
-    name: str,
-    process: subprocess.Popen[bytes] | None,
-    within: float,
-    poll_s: float,
-    output: Path | None,
-) -> None:
-    deadline = time.monotonic() + within
-    while True:
-        status = process.poll() if process is not None else None
-        if status is not None:
-            raise ChildExited(_with_log(f"{name} exited with status {status}", output), status)
-        if await answers():
-            return
-        if time.monotonic() >= deadline:
-            raise NotReady(_with_log(f"{name} was not ready after {within:g} s", output))
-        await asyncio.sleep(poll_s)
-
-
-async def _accepts(host: str, port: int) -> bool:
+async def _answers(client: httpx.AsyncClient, url: str, connect_only: bool) -> bool:
+    if connect_only:
+        parts = httpx.URL(url)
+        try:
+            _, writer = await asyncio.open_connection(parts.host, parts.port or 80)
+        except OSError:
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
     try:
-        _, writer = await asyncio.open_connection(host, port)
-    except OSError:
+        return (await client.get(url)).status_code == 200
+    except httpx.HTTPError:
         return False
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    return True
 
 
 async def wait_ready(
@@ -141,21 +126,18 @@ async def wait_ready(
     """Return once GET `url` answers 200 (with `connect_only`, once its port accepts a
     connection). Raises ChildExited as soon as `process` exits, NotReady at the deadline; both
     messages end with the tail of `output`, the child's log, when there is one."""
-    parts = httpx.URL(url)
+    name = name or url
+    deadline = time.monotonic() + within
     async with httpx.AsyncClient(timeout=min(2.0, within)) as client:
-
-        async def answers() -> bool:
-            if connect_only:
-                return await _accepts(parts.host, parts.port or 80)
-            try:
-                return (await client.get(url)).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        await _poll(
-            answers, name=name or url, process=process, within=within, poll_s=poll_s,
-            output=output,
-        )  # fmt: skip
+        while True:
+            status = process.poll() if process is not None else None
+            if status is not None:
+                raise ChildExited(_with_log(f"{name} exited with status {status}", output), status)
+            if await _answers(client, url, connect_only):
+                return
+            if time.monotonic() >= deadline:
+                raise NotReady(_with_log(f"{name} was not ready after {within:g} s", output))
+            await asyncio.sleep(poll_s)
 
 
 def wait_ready_sync(
