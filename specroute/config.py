@@ -129,10 +129,11 @@ class ClientConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What one client may ask of the proxy: header size and count, time to send its request
-    (headers from the first byte, body from the end of the headers), open connections (in all,
-    per peer address, and `reserved_connections` that only clients with a valid API key may
-    hold: 1/16 of them unless set), how long it may leave a stream unread (`client_stall_s`:
-    then the stream ends and its backend is freed); and how long streams run on after SIGTERM."""
+    (headers from the connection's opening or the request's first byte, body from the end of
+    the headers), open connections (in all, per peer address, and `reserved_connections` that
+    only clients with a valid API key may hold: 1/16 of them unless set), how long it may leave
+    a stream unread (`client_stall_s`: then the stream ends and its backend is freed); and how
+    long streams run on after SIGTERM."""
 
     max_header_bytes: Count = 64 * 1024
     max_headers: Count = 100
