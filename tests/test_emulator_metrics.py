@@ -7,7 +7,10 @@ from typing import Any
 
 import httpx
 from emulator_support import parse_metrics, stream_events, wait_for
-from servers import start_emulator
+from servers import Server, start_emulator
+
+from specroute.emulator.metrics import Stats
+from specroute.prometheus import read_samples
 
 SCHEDULER_LABELS = (
     'engine_type="unified",model_name="Qwen/Qwen3.5-122B-A10B",'
@@ -40,7 +43,8 @@ def test_counters_and_histograms_agree_with_what_requests_saw() -> None:
         assert events[-1] == "[DONE]"
         m = parse_metrics(client.get("/metrics").text)
     assert m["sglang:num_requests_total"] == 4
-    stream_key = 'engine_type="unified",model_name="Qwen/Qwen3.5-122B-A10B",is_streaming="true"'
+    # prometheus_client (so SGLang too) writes label names sorted
+    stream_key = 'engine_type="unified",is_streaming="true",model_name="Qwen/Qwen3.5-122B-A10B"'
     assert m[f"sglang:num_requests_total{{{stream_key}}}"] == 1
     assert m["sglang:generation_tokens_total"] == 10 + 20 + 30 + 7
     assert m["sglang:prompt_tokens_total"] == 4 * (4 + 4 + 3)
@@ -102,3 +106,53 @@ def test_adaptive_depth_moves_the_gauge_but_not_server_info() -> None:
     assert info["speculative_num_steps"] == 3
     assert info["speculative_adaptive"] is True
     assert info["emulator"]["active_speculative_num_steps"] in (5, 7)
+
+
+def stats() -> Stats:
+    return Stats(
+        model_name='m "q"',
+        speculative=True,
+        decode_log_interval=3,
+        max_total_num_tokens=1000,
+        max_running_requests=4,
+    )
+
+
+def test_exposition_is_sglangs_without_created_series_or_empty_families() -> None:
+    s = stats()
+    before = s.render().decode()
+    assert "# TYPE sglang:num_running_reqs gauge" in before
+    assert "sglang:num_aborted_requests_total" not in before  # no sample yet, as in SGLang
+    s.observe_abort()
+    s.observe_inter_token(0.03, 3)
+    text = s.render().decode()
+    samples = read_samples(text) or []
+    assert not [x.name for x in samples if x.name.endswith("_created")]
+    aborted = [x for x in samples if x.name == "sglang:num_aborted_requests_total"]
+    assert [(x.labels, x.value) for x in aborted] == [
+        ({"engine_type": "unified", "model_name": 'm "q"'}, 1.0)
+    ]
+    assert "# TYPE sglang:num_aborted_requests_total counter" in text
+    assert "# TYPE sglang:inter_token_latency_seconds histogram" in text
+
+
+def test_inter_token_latency_counts_every_token_of_a_chunk_at_its_share_of_the_gap() -> None:
+    s = stats()
+    s.observe_inter_token(0.03, 3)
+    s.observe_inter_token(0.5, 1)
+    samples = read_samples(s.render().decode()) or []
+    itl = {
+        (x.name, x.labels.get("le")): x.value
+        for x in samples
+        if x.name.startswith("sglang:inter_token_latency_seconds")
+    }
+    assert itl[("sglang:inter_token_latency_seconds_count", None)] == 4
+    assert abs(itl[("sglang:inter_token_latency_seconds_sum", None)] - 0.53) < 1e-9
+    assert itl[("sglang:inter_token_latency_seconds_bucket", "0.01")] == 3
+    assert itl[("sglang:inter_token_latency_seconds_bucket", "0.4")] == 3
+    assert itl[("sglang:inter_token_latency_seconds_bucket", "0.6")] == 4
+
+
+def test_metrics_route_serves_prometheus_text_format(emulator: Server) -> None:
+    reply = httpx.get(emulator.url + "/metrics")
+    assert reply.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

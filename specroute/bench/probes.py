@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from specroute.bench.client import BenchClient
+from specroute.prometheus import sglang_values
 
 __all__ = ["Counters", "ServerFacts", "fetch_counters", "fetch_facts", "parse_counters"]
 
@@ -40,20 +41,12 @@ class ServerFacts(msgspec.Struct, kw_only=True):
 
 
 def parse_counters(text: str) -> Counters | None:
-    """Sum `generation_tokens_total` and `spec_verify_calls_total` over their label sets."""
-    totals = {_GENERATION: 0.0, _VERIFY: 0.0}
-    seen = False
-    for line in text.splitlines():
-        if not line.startswith(("sglang:", "sglang_")):
-            continue
-        name = line[7:].split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            try:
-                totals[name] += float(line.rsplit(" ", 1)[-1])
-            except ValueError:
-                continue
-            seen = True
-    return Counters(totals[_GENERATION], totals[_VERIFY]) if seen else None
+    """Sum `generation_tokens_total` and `spec_verify_calls_total` over their label sets; None
+    when the server reports neither (or its text does not parse)."""
+    values = sglang_values(text, (_GENERATION, _VERIFY)) or {}
+    if _GENERATION not in values and _VERIFY not in values:
+        return None
+    return Counters(sum(values.get(_GENERATION, ())), sum(values.get(_VERIFY, ())))
 
 
 async def fetch_counters(client: BenchClient, url: str) -> Counters | None:

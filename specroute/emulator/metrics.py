@@ -3,22 +3,28 @@
 Gauges follow SGLang's scheduler: running and queued counts refresh on every prefill, the rest
 (throughput, token usage, speculative acceptance and the active depth) only every
 `decode_log_interval` decode iterations, and an idle server publishes zeros at once. Counters
-and histograms follow its tokenizer manager: per request, when it finishes or aborts.
+and histograms follow its tokenizer manager: per request, when it finishes or aborts. All of
+them live in a `prometheus_client` registry per server, as SGLang's do.
 """
 
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import prometheus_client as prom
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
 from specroute.emulator.engine import Engine, Iteration
+from specroute.prometheus import exposition
 
 if TYPE_CHECKING:
     from specroute.emulator.driver import Job
 
-__all__ = ["Histogram", "Stats"]
+__all__ = ["Stats"]
 
 SGLANG_VERSION = "0.5.23"
 LOAD_REFRESH_ITERATIONS = 15
@@ -33,36 +39,20 @@ ITL_BUCKETS = (
 )  # fmt: skip
 
 
-class Histogram:
-    """A Prometheus histogram: per-bucket counts, summed when rendered."""
+class _SchedulerGauges:
+    """The scheduler's last published gauges, read when scraped (SGLang sets its gauges at the
+    same moments); labelled by rank as SGLang's scheduler labels them."""
 
-    __slots__ = ("bounds", "count", "counts", "total")
+    def __init__(self, gauges: dict[str, float], labels: dict[str, str]) -> None:
+        self._gauges = gauges
+        self._names = tuple(labels)
+        self._values = tuple(labels.values())
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = tuple(float(b) for b in bounds)
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value: float, times: int = 1) -> None:
-        """Record `value` `times` times (SGLang's inter-token latency observes a chunk so)."""
-        self.counts[bisect_left(self.bounds, value)] += times
-        self.total += value * times
-        self.count += times
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        out, running = [], 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += n
-            le = "+Inf" if bound == float("inf") else repr(bound)
-            out.append(f'{name}_bucket{{{labels},le="{le}"}} {float(running)!r}')
-        out.append(f"{name}_count{{{labels}}} {float(self.count)!r}")
-        out.append(f"{name}_sum{{{labels}}} {self.total!r}")
-        return out
-
-
-def _quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    def collect(self) -> Iterator[Metric]:
+        for name, help_text in GAUGE_HELP.items():
+            family = GaugeMetricFamily(f"sglang:{name}", help_text, labels=self._names)
+            family.add_metric(self._values, self._gauges[name])
+            yield family
 
 
 class Stats:
@@ -81,9 +71,7 @@ class Stats:
         self.decode_log_interval = decode_log_interval
         self.max_total_num_tokens = max_total_num_tokens
         self.max_running_requests = max_running_requests
-        base = f'engine_type="unified",model_name="{_quote(model_name)}"'
-        self._tokenizer_labels = base
-        self._scheduler_labels = f'{base},moe_ep_rank="0",pp_rank="0",tp_rank="0"'
+        self._labels = {"engine_type": "unified", "model_name": model_name}
         self.gauges: dict[str, float] = dict.fromkeys(GAUGE_HELP, 0.0)
         self.gauges["max_total_num_tokens"] = float(max_total_num_tokens)
         self._decode_ct = 0
@@ -92,8 +80,13 @@ class Stats:
         self._window = [0, 0, 0, 0, 0]  # tokens, accept tokens, correct, verifies, proposed
         self.spec_total_accept_tokens = 0
         self.spec_total_forward_ct = 0
-        self.counters: dict[str, dict[str, float]] = {name: {} for name in COUNTER_HELP}
-        self.histograms: dict[str, dict[str, Histogram]] = {name: {} for name in HISTOGRAM_HELP}
+        self.registry = CollectorRegistry()
+        ranks = {**self._labels, "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
+        self.registry.register(_SchedulerGauges(self.gauges, ranks))
+        self._counters, self._histograms = _tokenizer_metrics(self.registry)
+        # Children by (name, is_streaming or None), made on first use as SGLang's are.
+        self._counter_children: dict[tuple[str, bool | None], prom.Counter] = {}
+        self._histogram_children: dict[tuple[str, bool | None], prom.Histogram] = {}
         self._loads: dict[str, Any] = {}
         self._refresh_loads(None, time.perf_counter())
 
@@ -148,37 +141,55 @@ class Stats:
 
     # -- per request (driver loop and handlers) -------------------------------------------
     def observe_first_token(self, ttft: float, stream: bool) -> None:
-        self._histogram("time_to_first_token_seconds", _streaming(stream)).observe(ttft)
+        self._histogram("time_to_first_token_seconds", stream).observe(ttft)
 
     def observe_inter_token(self, interval: float, tokens: int) -> None:
+        """SGLang observes a chunk's interval once per token, each time divided by the count."""
         if tokens > 0:
-            self._histogram("inter_token_latency_seconds", "").observe(interval / tokens, tokens)
+            histogram, per_token = (
+                self._histogram("inter_token_latency_seconds", None),
+                interval / tokens,
+            )
+            for _ in range(tokens):
+                histogram.observe(per_token)
 
     def observe_abort(self) -> None:
-        self._count("num_aborted_requests_total", "", 1)
+        self._counter("num_aborted_requests_total", None).inc()
 
     def observe_finished(self, job: Job, now: float) -> None:
-        seq, labels = job.seq, _streaming(job.stream)
-        self._count("prompt_tokens_total", labels, seq.prompt_tokens)
-        self._count("generation_tokens_total", labels, seq.generated)
-        self._count("num_requests_total", labels, 1)
+        seq, stream = job.seq, job.stream
+        self._counter("prompt_tokens_total", stream).inc(seq.prompt_tokens)
+        self._counter("generation_tokens_total", stream).inc(seq.generated)
+        self._counter("num_requests_total", stream).inc()
         if seq.verify_ct:
-            self._count("spec_verify_calls_total", "", seq.verify_ct)
-        self._histogram("e2e_request_latency_seconds", labels).observe(now - job.created)
+            self._counter("spec_verify_calls_total", None).inc(seq.verify_ct)
+        self._histogram("e2e_request_latency_seconds", stream).observe(now - job.created)
         if job.finish_reason in ("stop", "length") and job.first_token_at and seq.generated > 1:
             tpot = (now - job.first_token_at) / (seq.generated - 1)
-            self._histogram("request_time_per_output_token_seconds", labels).observe(tpot)
+            self._histogram("request_time_per_output_token_seconds", stream).observe(tpot)
 
-    def _count(self, name: str, labels: str, value: float) -> None:
-        series = self.counters[name]
-        series[labels] = series.get(labels, 0.0) + value
+    def _counter(self, name: str, stream: bool | None) -> prom.Counter:
+        key = (name, stream)
+        child = self._counter_children.get(key)
+        if child is None:
+            child = self._counter_children[key] = self._counters[name].labels(
+                **self._series_labels(stream)
+            )
+        return child
 
-    def _histogram(self, name: str, labels: str) -> Histogram:
-        series = self.histograms[name]
-        found = series.get(labels)
-        if found is None:
-            found = series[labels] = Histogram(HISTOGRAM_HELP[name][1])
-        return found
+    def _histogram(self, name: str, stream: bool | None) -> prom.Histogram:
+        key = (name, stream)
+        child = self._histogram_children.get(key)
+        if child is None:
+            child = self._histogram_children[key] = self._histograms[name].labels(
+                **self._series_labels(stream)
+            )
+        return child
+
+    def _series_labels(self, stream: bool | None) -> dict[str, str]:
+        if stream is None:
+            return self._labels
+        return {**self._labels, "is_streaming": "true" if stream else "false"}
 
     # -- views ----------------------------------------------------------------------------
     @property
@@ -209,7 +220,10 @@ class Stats:
         }
 
     def loads_prometheus(self, include: set[str] | None = None) -> str:
-        """`/v1/loads?format=prometheus`: every number as a `sglang_` gauge per dp_rank."""
+        """`/v1/loads?format=prometheus`: every number as a `sglang_` gauge per dp_rank.
+
+        Written by hand on purpose: SGLang's `v1_loads.py` formats this one by hand too (`# TYPE`
+        lines only, no `# HELP`, numbers as Python prints them), not through prometheus_client."""
         lines = []
         for key, value in self.loads(include)["loads"][0].items():
             items = value.items() if isinstance(value, dict) else [("", value)]
@@ -253,39 +267,43 @@ class Stats:
         self._loads = load
 
     def counters_total(self, name: str) -> float:
-        return sum(self.counters[name].values())
+        """A counter summed over its label sets (`prompt_tokens_total`)."""
+        return sum(
+            s.value
+            for family in self._counters[name].collect()
+            for s in family.samples
+            if s.name.endswith("_total")
+        )
 
-    def render(self) -> str:
-        """Prometheus text exposition (format 0.0.4), SGLang's names and labels."""
-        lines: list[str] = []
-        for name, help_text in GAUGE_HELP.items():
-            full = f"sglang:{name}"
-            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} gauge"]
-            lines.append(f"{full}{{{self._scheduler_labels}}} {float(self.gauges[name])!r}")
-        for name, help_text in COUNTER_HELP.items():
-            series = self.counters[name]
-            if not series:
-                continue
-            full = f"sglang:{name}"
-            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} counter"]
-            for extra, value in sorted(series.items()):
-                lines.append(f"{full}{{{self._labels(extra)}}} {float(value)!r}")
-        for name, (help_text, _) in HISTOGRAM_HELP.items():
-            hists = self.histograms[name]
-            if not hists:
-                continue
-            full = f"sglang:{name}"
-            lines += [f"# HELP {full} {help_text}", f"# TYPE {full} histogram"]
-            for extra, hist in sorted(hists.items()):
-                lines += hist.lines(full, self._labels(extra))
-        return "\n".join(lines) + "\n"
-
-    def _labels(self, extra: str) -> str:
-        return f"{self._tokenizer_labels},{extra}" if extra else self._tokenizer_labels
+    def render(self) -> bytes:
+        """Prometheus text (format 0.0.4) as SGLang's multiprocess collector writes it: no
+        `_created` series, and no family before its first sample."""
+        return exposition(self.registry, skip_empty=True)
 
 
-def _streaming(stream: bool) -> str:
-    return 'is_streaming="true"' if stream else 'is_streaming="false"'
+def _tokenizer_metrics(
+    registry: CollectorRegistry,
+) -> tuple[dict[str, prom.Counter], dict[str, prom.Histogram]]:
+    """SGLang's tokenizer-manager counters and histograms, registered in `registry`."""
+    counters = {
+        name: prom.Counter(f"sglang:{name}", doc, _label_names(by_stream), registry=registry)
+        for name, (doc, by_stream) in COUNTERS.items()
+    }
+    histograms = {
+        name: prom.Histogram(
+            f"sglang:{name}", doc, _label_names(by_stream), registry=registry, buckets=bounds
+        )
+        for name, (doc, bounds, by_stream) in HISTOGRAMS.items()
+    }
+    return counters, histograms
+
+
+def _label_names(by_stream: bool) -> tuple[str, ...]:
+    return (
+        ("model_name", "engine_type", "is_streaming")
+        if by_stream
+        else ("model_name", "engine_type")
+    )
 
 
 GAUGE_HELP: dict[str, str] = {
@@ -306,23 +324,33 @@ GAUGE_HELP: dict[str, str] = {
     "spec_num_draft_tokens": "Currently active speculative_num_draft_tokens.",
     "max_total_num_tokens": "Maximum total number of tokens in the KV cache pool.",
 }
-COUNTER_HELP: dict[str, str] = {
-    "prompt_tokens_total": "Number of prefill tokens processed.",
-    "generation_tokens_total": "Number of generation tokens processed.",
-    "spec_verify_calls_total": "Number of speculative decoding verification calls.",
-    "num_requests_total": "Number of requests processed.",
-    "num_aborted_requests_total": "Number of requests aborted.",
+COUNTERS: dict[str, tuple[str, bool]] = {  # help, labelled by is_streaming
+    "prompt_tokens_total": ("Number of prefill tokens processed.", True),
+    "generation_tokens_total": ("Number of generation tokens processed.", True),
+    "spec_verify_calls_total": ("Number of speculative decoding verification calls.", False),
+    "num_requests_total": ("Number of requests processed.", True),
+    "num_aborted_requests_total": ("Number of requests aborted.", False),
 }
-HISTOGRAM_HELP: dict[str, tuple[str, tuple[float, ...]]] = {
-    "time_to_first_token_seconds": ("Histogram of time to first token in seconds.", TTFT_BUCKETS),
-    "inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...], bool]] = {  # help, buckets, by is_streaming
+    "time_to_first_token_seconds": (
+        "Histogram of time to first token in seconds.",
+        TTFT_BUCKETS,
+        True,
+    ),
+    "inter_token_latency_seconds": (
+        "Histogram of inter-token latency in seconds.",
+        ITL_BUCKETS,
+        False,
+    ),
     "request_time_per_output_token_seconds": (
         "Per-request TPOT in seconds: (finished_time - first_token_time) / "
         "(completion_tokens - 1).",
         ITL_BUCKETS,
+        True,
     ),
     "e2e_request_latency_seconds": (
         "Histogram of End-to-end request latency in seconds",
         E2E_BUCKETS,
+        True,
     ),
 }

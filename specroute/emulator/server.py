@@ -20,6 +20,7 @@ from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.runtime import Emulator, json_response, openai_error
 from specroute.emulator.wire import ErrorResponse
+from specroute.prometheus import CONTENT_TYPE
 
 __all__ = ["build", "create_app"]
 
@@ -28,7 +29,6 @@ FLUSHED = (
     b"Cache flushed.\nPlease check backend logs for more details. (When there are running or "
     b"waiting requests, the operation will not be performed.)\n"
 )
-PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 HEALTH_TIMEOUT = 20.0
 
 
@@ -103,12 +103,13 @@ class InfoRoutes(Controller):
             return json_response(ErrorResponse(message=message, type="400", code=400), 400)
         if format == "prometheus":
             text = emu.stats.loads_prometheus(sections)
-            return Response(content=text, media_type=PROMETHEUS_TYPE)
+            return Response(content=text, headers={"content-type": CONTENT_TYPE})
         return json_response(emu.stats.loads(sections))
 
     @get("/metrics")
-    async def metrics(self, emu: Emulator) -> Response[str]:
-        return Response(content=emu.stats.render(), media_type=PROMETHEUS_TYPE)
+    async def metrics(self, emu: Emulator) -> Response[bytes]:
+        # A header, not a media type: Litestar would append a second `; charset=utf-8`.
+        return Response(content=emu.stats.render(), headers={"content-type": CONTENT_TYPE})
 
 
 class ControlRoutes(Controller):

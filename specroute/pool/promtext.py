@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import math
-
 import msgspec
+
+from specroute.prometheus import sglang_values
 
 __all__ = ["BackendMetrics", "parse_metrics"]
 
@@ -36,34 +36,13 @@ class BackendMetrics(msgspec.Struct, kw_only=True):
     verify_calls: float | None = None
 
 
-def _sample(line: str) -> tuple[str, float] | None:
-    if not line.startswith(("sglang:", "sglang_")):
-        return None
-    name_end = len(line)
-    for sep in ("{", " "):
-        idx = line.find(sep)
-        if idx != -1:
-            name_end = min(name_end, idx)
-    name = line[7:name_end]
-    parts = line.rsplit("}", 1)[-1].split() if "{" in line else line.split()[1:]
-    if not parts:
-        return None
-    try:
-        value = float(parts[0])
-    except ValueError:
-        return None
-    return (name, value) if math.isfinite(value) else None
-
-
 def parse_metrics(text: str) -> BackendMetrics:
-    """Sum (or average, for ratios) each wanted sample across its label sets."""
-    totals: dict[str, list[float]] = {}
-    for raw in text.splitlines():
-        sample = _sample(raw.strip())
-        if sample is None or sample[0] not in _WANTED:
-            continue
-        totals.setdefault(_WANTED[sample[0]], []).append(sample[1])
-    values = {
-        field: (sum(v) / len(v) if field in _MEANS else sum(v)) for field, v in totals.items()
-    }
-    return BackendMetrics(**values)
+    """Sum (or average, for ratios) each wanted sample across its label sets; nothing at all
+    when those samples are not Prometheus text (half a scrape would miss some ranks)."""
+    values = sglang_values(text, _WANTED.keys()) or {}
+    found: dict[str, float] = {}
+    for name, field in _WANTED.items():
+        series = values.get(name)
+        if series:
+            found[field] = sum(series) / len(series) if field in _MEANS else sum(series)
+    return BackendMetrics(**found)
