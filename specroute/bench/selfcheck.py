@@ -4,13 +4,12 @@ where the client (not the server) may be the limit is marked instead of reported
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 
 import msgspec
 
 from specroute.bench.stats import percentile
+from specroute.looplag import LoopLagSampler
 
 __all__ = ["CPU_LIMIT", "LAG_LIMIT", "ClientHealth", "SelfMonitor"]
 
@@ -65,26 +64,17 @@ class SelfMonitor:
 
     def __init__(self) -> None:
         self._lags: list[float] = []
-        self._task: asyncio.Task[None] | None = None
+        self._sampler = LoopLagSampler(_TICK, self._lags.append)
         self._wall = 0.0
         self._cpu = 0.0
 
     def start(self) -> None:
         self._wall = time.perf_counter()
         self._cpu = time.process_time()
-        self._task = asyncio.get_running_loop().create_task(self._sample())
-
-    async def _sample(self) -> None:
-        while True:
-            before = time.perf_counter()
-            await asyncio.sleep(_TICK)
-            self._lags.append(max(0.0, time.perf_counter() - before - _TICK))
+        self._sampler.start()
 
     async def stop(self, chunks: int) -> ClientHealth:
         wall = time.perf_counter() - self._wall
         cpu = time.process_time() - self._cpu
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self._sampler.stop()
         return judge(wall, cpu, self._lags, chunks)

@@ -26,10 +26,10 @@ from specroute.errors import (
     error_body,
 )
 from specroute.policies import UnknownPolicyError, available, create
+from specroute.prometheus import CONTENT_TYPE
 from specroute.proxy.auth import ADMIN, PUBLIC, access_of
 from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
-from specroute.proxy.metrics import render_gauge, render_labelled_gauge
 from specroute.proxy.openapi import openapi_config, relay_docs
 from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
 from specroute.proxy.state import ProxyState
@@ -109,8 +109,9 @@ def _handlers(state: ProxyState) -> list[Any]:
         return _json({"status": "ready", "healthy_backends": healthy})
 
     @get("/metrics", sync_to_thread=False, opt=PUBLIC)
-    def metrics() -> Response[str]:
-        return Response(_exposition(state), media_type="text/plain; version=0.0.4")
+    def metrics() -> Response[bytes]:
+        # As a header, not a media type: Litestar would append a second `; charset=utf-8`.
+        return Response(state.metrics.render(), headers={"content-type": CONTENT_TYPE})
 
     @get("/v1/models", sync_to_thread=False)
     def models(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -161,75 +162,6 @@ def _handlers(state: ProxyState) -> list[Any]:
         pool,
         get_policy,
         put_policy,
-    ]
-
-
-def _exposition(state: ProxyState) -> str:
-    backends = state.pool.backends
-    parts = [
-        *state.metrics.render(),
-        render_gauge(
-            "specroute_in_flight_requests",
-            "Requests in flight per backend.",
-            "backend",
-            ((b.name, b.in_flight) for b in backends),
-        ),
-        render_gauge(
-            "specroute_backend_healthy",
-            "1 when the backend passes its /ready checks.",
-            "backend",
-            ((b.name, float(b.healthy)) for b in backends),
-        ),
-        *_estimate_gauges(state),
-        "# HELP specroute_admission_waiting_requests Requests waiting for a free backend.",
-        "# TYPE specroute_admission_waiting_requests gauge",
-        f"specroute_admission_waiting_requests {state.admission.waiting}",
-        *state.process.render(),
-    ]
-    return "\n".join(parts) + "\n"
-
-
-def _estimate_gauges(state: ProxyState) -> list[str]:
-    """The pool's estimates as gauges: acceptance per class, iteration fit per backend."""
-    telemetry = state.pool.telemetry
-    classes = telemetry.classes()
-    fits = telemetry.iteration.items()
-    return [
-        render_labelled_gauge(
-            "specroute_class_accept_alpha",
-            "Estimated per-token draft acceptance of each workload class.",
-            ("workload_class",),
-            (((name,), est.alpha) for name, est in classes.items()),
-        ),
-        render_labelled_gauge(
-            "specroute_class_accept_length",
-            "Estimated tokens per verify of each workload class at each depth seen.",
-            ("workload_class", "steps"),
-            (
-                ((name, str(k)), length)
-                for name, est in classes.items()
-                for k, length in est.accept_length.items()
-            ),
-        ),
-        render_labelled_gauge(
-            "specroute_class_acceptance_samples",
-            "Requests the class's acceptance estimate is made of.",
-            ("workload_class",),
-            (((name,), float(est.samples)) for name, est in classes.items()),
-        ),
-        render_labelled_gauge(
-            "specroute_backend_iteration_seconds",
-            "Fitted iteration time: `intercept` at an empty batch, `per_token` per batch token.",
-            ("backend", "steps", "term"),
-            (
-                (key, value)
-                for (name, k), model in fits
-                for key, value in (
-                    ((name, str(k), "intercept"), model.intercept),
-                    ((name, str(k), "per_token"), model.slope),
-                )
-            ),
-        ),
     ]
 
 

@@ -1,11 +1,27 @@
-"""The proxy's Prometheus metrics (`specroute_` names) and their text exposition."""
+"""The proxy's Prometheus metrics (`specroute_` names) in one `prometheus_client` registry per
+app: counters and histograms recorded per request, gauges read from the pool when scraped.
+
+Multiprocess: the registry belongs to this process. With several workers each would serve its
+own numbers; the path then is `prometheus_client.multiprocess` (a `PROMETHEUS_MULTIPROC_DIR`
+and a `MultiProcessCollector` at scrape time, as SGLang does), with the scrape-time gauges below
+still read per process.
+"""
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
-__all__ = ["Counter", "Histogram", "ProxyMetrics", "render_gauge", "render_labelled_gauge"]
+import prometheus_client as prom
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from specroute.prometheus import exposition
+
+if TYPE_CHECKING:
+    from specroute.proxy.state import ProxyState
+
+__all__ = ["LATENCY_BUCKETS", "Counter", "Histogram", "ProxyGauges", "ProxyMetrics"]
 
 Labels = tuple[str, ...]
 LATENCY_BUCKETS = (
@@ -29,125 +45,184 @@ LATENCY_BUCKETS = (
 )
 
 
-def _labels(names: Labels, values: Labels, extra: str = "") -> str:
-    pairs = [f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        pairs.append(extra)
-    return "{" + ",".join(pairs) + "}" if pairs else ""
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 class Counter:
-    def __init__(self, name: str, doc: str, labels: Labels) -> None:
-        self.name, self.doc, self.label_names = name, doc, labels
-        self.values: dict[Labels, float] = {}
+    """A labelled `prometheus_client` counter taking label tuples; each label set's child is
+    looked up once, then cached, so a request pays one dict lookup and one increment."""
+
+    def __init__(self, registry: CollectorRegistry, name: str, doc: str, labels: Labels) -> None:
+        self.name, self.label_names = name, labels
+        self._metric = prom.Counter(name, doc, labels, registry=registry)
+        self._children: dict[Labels, prom.Counter] = {}
 
     def inc(self, labels: Labels, amount: float = 1.0) -> None:
-        self.values[labels] = self.values.get(labels, 0.0) + amount
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        child.inc(amount)
 
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.doc}"
-        yield f"# TYPE {self.name} counter"
-        for labels, value in self.values.items():
-            yield f"{self.name}{_labels(self.label_names, labels)} {value:g}"
+    @property
+    def values(self) -> dict[Labels, float]:
+        """Each label set's count, read through the library's collection (the dashboard's)."""
+        names = self.label_names
+        return {
+            tuple(s.labels[n] for n in names): s.value
+            for family in self._metric.collect()
+            for s in family.samples
+            if s.name.endswith("_total")
+        }
 
 
 class Histogram:
+    """A labelled `prometheus_client` histogram taking label tuples, children cached."""
+
     def __init__(
-        self, name: str, doc: str, labels: Labels, buckets: tuple[float, ...] = LATENCY_BUCKETS
+        self,
+        registry: CollectorRegistry,
+        name: str,
+        doc: str,
+        labels: Labels,
+        buckets: tuple[float, ...] = LATENCY_BUCKETS,
     ) -> None:
-        self.name, self.doc, self.label_names, self.buckets = name, doc, labels, buckets
-        self.counts: dict[Labels, list[int]] = {}
-        self.sums: dict[Labels, float] = {}
+        self.name, self.label_names = name, labels
+        self._metric = prom.Histogram(name, doc, labels, registry=registry, buckets=buckets)
+        self._children: dict[Labels, prom.Histogram] = {}
 
     def observe(self, labels: Labels, value: float) -> None:
-        counts = self.counts.get(labels)
-        if counts is None:
-            counts = self.counts[labels] = [0] * (len(self.buckets) + 1)
-            self.sums[labels] = 0.0
-        counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sums[labels] += value
-
-    def render(self) -> Iterable[str]:
-        yield f"# HELP {self.name} {self.doc}"
-        yield f"# TYPE {self.name} histogram"
-        for labels, counts in self.counts.items():
-            running = 0
-            for bound, count in zip((*self.buckets, float("inf")), counts, strict=True):
-                running += count
-                le = "+Inf" if bound == float("inf") else f"{bound:g}"
-                names = _labels(self.label_names, labels, 'le="' + le + '"')
-                yield f"{self.name}_bucket{names} {running}"
-            yield f"{self.name}_sum{_labels(self.label_names, labels)} {self.sums[labels]:g}"
-            yield f"{self.name}_count{_labels(self.label_names, labels)} {running}"
-
-
-def render_gauge(name: str, doc: str, label: str, values: Iterable[tuple[str, float]]) -> str:
-    lines = [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
-    lines += [f'{name}{{{label}="{_escape(k)}"}} {v:g}' for k, v in values]
-    return "\n".join(lines)
-
-
-def render_labelled_gauge(
-    name: str, doc: str, labels: Labels, values: Iterable[tuple[Labels, float]]
-) -> str:
-    """A gauge with several labels per sample."""
-    lines = [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
-    lines += [f"{name}{_labels(labels, key)} {v:g}" for key, v in values]
-    return "\n".join(lines)
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self._metric.labels(*labels)
+        child.observe(value)
 
 
 class ProxyMetrics:
-    """All counters and histograms of one proxy process."""
+    """All counters and histograms of one proxy app, and the registry `/metrics` renders."""
 
     def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
         self.requests = Counter(
+            r,
             "specroute_requests_total",
             "Requests answered, by route, backend, depth and status.",
             ("route", "backend", "steps", "status"),
         )
         self.duration = Histogram(
+            r,
             "specroute_request_duration_seconds",
             "Time from request to the end of its reply.",
             ("backend", "steps"),
         )
         self.ttft = Histogram(
+            r,
             "specroute_time_to_first_token_seconds",
             "Time from request to the first streamed event.",
             ("backend", "steps"),
         )
         self.tokens = Counter(
+            r,
             "specroute_completion_tokens_total",
             "Completion tokens relayed.",
             ("backend", "steps"),
         )
         self.retries = Counter(
+            r,
             "specroute_upstream_retries_total",
             "Attempts retried on another backend before the first byte, by reason.",
             ("backend", "reason"),
         )
         self.decisions = Counter(
+            r,
             "specroute_routing_decisions_total",
             "Routing decisions, by policy and chosen backend.",
             ("policy", "backend"),
         )
         self.routed = Counter(
+            r,
             "specroute_routed_requests_total",
             "Requests answered, by policy, workload class and the depth they were sent to.",
             ("policy", "workload_class", "steps"),
         )
 
-    def render(self) -> Iterable[str]:
-        for metric in (
-            self.requests,
-            self.duration,
-            self.ttft,
-            self.tokens,
-            self.retries,
-            self.decisions,
-            self.routed,
-        ):
-            yield from metric.render()
+    def render(self) -> bytes:
+        """The registry's Prometheus text: these metrics and every collector registered."""
+        return exposition(self.registry)
+
+
+def _gauge(
+    name: str, doc: str, labels: Labels, values: Iterable[tuple[Labels, float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in values:
+        family.add_metric(key, value)
+    return family
+
+
+class ProxyGauges:
+    """A collector of what the proxy's `/metrics` reads at scrape time: load and health per
+    backend, the pool's estimates, the admission queue and the process's own health."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state
+        backends = state.pool.backends
+        yield _gauge(
+            "specroute_in_flight_requests",
+            "Requests in flight per backend.",
+            ("backend",),
+            (((b.name,), b.in_flight) for b in backends),
+        )
+        yield _gauge(
+            "specroute_backend_healthy",
+            "1 when the backend passes its /ready checks.",
+            ("backend",),
+            (((b.name,), float(b.healthy)) for b in backends),
+        )
+        yield from self._estimates()
+        yield GaugeMetricFamily(
+            "specroute_admission_waiting_requests",
+            "Requests waiting for a free backend.",
+            value=state.admission.waiting,
+        )
+        yield from state.process.collect()
+
+    def _estimates(self) -> Iterator[Metric]:
+        """Acceptance per workload class, the iteration-time fit per backend and depth."""
+        telemetry = self._state.pool.telemetry
+        classes = telemetry.classes()
+        yield _gauge(
+            "specroute_class_accept_alpha",
+            "Estimated per-token draft acceptance of each workload class.",
+            ("workload_class",),
+            (((name,), est.alpha) for name, est in classes.items()),
+        )
+        yield _gauge(
+            "specroute_class_accept_length",
+            "Estimated tokens per verify of each workload class at each depth seen.",
+            ("workload_class", "steps"),
+            (
+                ((name, str(k)), length)
+                for name, est in classes.items()
+                for k, length in est.accept_length.items()
+            ),
+        )
+        yield _gauge(
+            "specroute_class_acceptance_samples",
+            "Requests the class's acceptance estimate is made of.",
+            ("workload_class",),
+            (((name,), float(est.samples)) for name, est in classes.items()),
+        )
+        yield _gauge(
+            "specroute_backend_iteration_seconds",
+            "Fitted iteration time: `intercept` at an empty batch, `per_token` per batch token.",
+            ("backend", "steps", "term"),
+            (
+                (key, value)
+                for (name, k), model in telemetry.iteration.items()
+                for key, value in (
+                    ((name, str(k), "intercept"), model.intercept),
+                    ((name, str(k), "per_token"), model.slope),
+                )
+            ),
+        )

@@ -10,7 +10,7 @@ from specroute.pool import Pool, UpstreamClient
 from specroute.proxy.admission import Admission
 from specroute.proxy.auth import Auth
 from specroute.proxy.decisions import RecentDecisions
-from specroute.proxy.metrics import ProxyMetrics
+from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.process import ProcessMonitor
 
 __all__ = ["ProxyState"]
@@ -29,6 +29,7 @@ class ProxyState:
         self.metrics = ProxyMetrics()
         self.decisions = RecentDecisions()
         self.process = ProcessMonitor()
+        self.metrics.registry.register(ProxyGauges(self))
         self.started = time.time()  # wall clock only for `created` in /v1/models
 
     def switch_policy(self, name: str) -> Policy:
