@@ -1,11 +1,12 @@
-"""SSEDecoder gives the same events wherever the network splits the byte stream."""
+"""SSE parsing gives the same events wherever the network splits the byte stream, whatever its
+line endings; the splitter hands back each event's bytes as they came."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specroute.sse import DONE, SSEDecoder, encode_data
+from specroute.sse import DONE, SSEDecoder, SSESplitter, event_data
 
 # Payloads without line breaks (SSE data lines cannot hold them) but with JSON-ish bytes,
 # multi-byte UTF-8 and colons, so splits can land inside any of them.
@@ -62,7 +63,7 @@ def test_byte_by_byte_feeding_equals_one_feed(events: list[bytes], eol: bytes) -
 
 @given(st.lists(st.integers(min_value=0), max_size=10))
 def test_multi_line_data_fields_join_with_newline(cuts: list[int]) -> None:
-    data = b"data: first\r\ndata:second\r\n\r\n" + encode_data(DONE)
+    data = b"data: first\r\ndata:second\r\n\r\ndata: [DONE]\n\n"
     assert decode_split(data, cuts) == [b"first\nsecond", DONE]
 
 
@@ -70,3 +71,45 @@ def test_unterminated_event_is_dropped_and_reported_on_close() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b"data: complete\n\ndata: partial") == [b"complete"]
     assert decoder.close() is True
+
+
+def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+    splitter = SSESplitter()
+    events: list[bytes] = []
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    for start, end in zip([0, *points], [*points, len(data)], strict=True):
+        events += splitter.feed(data[start:end])
+    assert splitter.rest() == b""
+    return events
+
+
+@given(payloads, line_endings, st.booleans(), st.lists(st.integers(min_value=0), max_size=20))
+def test_split_events_join_to_the_bytes_fed_and_carry_their_data(
+    events: list[bytes], eol: bytes, comments: bool, cuts: list[int]
+) -> None:
+    data = wire_bytes(events, eol, comments)
+    split = split_at(data, cuts)
+    assert b"".join(split) == data
+    assert [d for e in split if (d := event_data(e)) is not None] == events
+
+
+def test_an_event_is_handed_back_as_soon_as_its_empty_line_arrives() -> None:
+    for eol in (b"\n", b"\r\n", b"\r"):
+        splitter = SSESplitter()
+        assert splitter.feed(b"data: one" + eol) == []
+        assert splitter.feed(eol + b"data: tw") == [b"data: one" + eol + eol]
+        assert splitter.rest() == b"data: tw"
+
+
+def test_a_crlf_is_one_line_end_even_when_split_between_chunks() -> None:
+    splitter = SSESplitter()
+    assert splitter.feed(b"data: a\r") == []
+    assert splitter.feed(b"\ndata: b\r\n\r\n") == [b"data: a\r\ndata: b\r\n\r\n"]
+    assert event_data(b"data: a\r\ndata: b\r\n\r\n") == b"a\nb"
+
+
+def test_events_without_data_have_none() -> None:
+    assert event_data(b": keep-alive\n\n") is None
+    assert event_data(b"event: ping\r\n\r\n") is None
+    assert event_data(b"\n") is None
+    assert event_data(b"data\n\n") == b""
