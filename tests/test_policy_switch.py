@@ -1,17 +1,22 @@
 """Depth-aware routing through the real proxy in front of emulated servers at depths 1 and 3:
 a switched policy (with options) routes the very next request, and GET /pool and /metrics
-show per-class acceptance that matches the emulator's true class acceptance."""
+show per-class acceptance that matches the emulator's true class acceptance. A request in
+flight through a switch keeps the policy it came in under."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import inprocess
 import pytest
+from inprocess import Send, Upstream, event, stream_of
 from servers import Server, run_server, start_emulator
 
 from specroute.emulator.profiles import get_profile
+from specroute.policies import Decision, Outcome, PoolView, RouteRequest
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 ADMIN = {"authorization": "Bearer admin-key"}
@@ -96,3 +101,60 @@ def test_throughput_policy_sends_a_lone_request_deep(proxy: Server) -> None:
     httpx.put(proxy.url + "/policy", json={"policy": "throughput"}, headers=ADMIN)
     for temperature in (0.0, 0.8):
         assert _chat(proxy, temperature).headers["x-specroute-steps"] == "3"
+
+
+class FirstByName:
+    """A third-party policy: the candidate first by name; keeps what it chose and observed."""
+
+    name = "first_by_name"
+
+    def __init__(self) -> None:
+        self.chosen: list[str] = []
+        self.observed: list[tuple[str, int]] = []
+
+    def choose(self, request: RouteRequest, view: PoolView) -> Decision:
+        backend = min(b.name for b in view.backends)
+        self.chosen.append(backend)
+        return Decision(backend=backend, reason="first by name")
+
+    def observe(self, outcome: Outcome) -> None:
+        self.observed.append((outcome.backend, outcome.status))
+
+
+def test_a_request_in_flight_keeps_its_policy_through_a_switch_and_its_retry() -> None:
+    asyncio.run(_switch_while_the_first_backend_holds_the_request())
+
+
+async def _switch_while_the_first_backend_holds_the_request() -> None:
+    arrived, switched = asyncio.Event(), asyncio.Event()
+
+    async def fails_after_the_switch(_: bytes, send: Send) -> None:
+        arrived.set()
+        await switched.wait()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 500, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"error":"engine died"}'})
+
+    chunk = {"id": "r", "choices": [{"index": 0, "delta": {"content": "ok"}}]}
+    good = stream_of([event(chunk), b"data: [DONE]\n\n"])
+    first = FirstByName()
+    body = {"model": inprocess.MODEL, "messages": [], "stream": True}
+    async with (
+        Upstream(fails_after_the_switch).running() as a,
+        Upstream(good).running() as b,
+        inprocess.proxy({"a": a, "b": b}) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        app.state.policy = first  # as a policy registered under `specroute.policies` would be
+        request = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await arrived.wait()
+        change = await client.put("/policy", json={"policy": "round_robin"}, headers=ADMIN)
+        assert change.json()["previous"] == "first_by_name"
+        switched.set()
+        reply = await request
+        assert app.state.policy.name == "round_robin"  # the next request gets the new one
+    assert reply.status_code == 200
+    assert reply.headers["x-specroute-policy"] == "first_by_name"
+    assert reply.headers["x-specroute-backend"] == "b"
+    assert first.chosen == ["a", "b"]  # the retry was routed by the request's own policy
+    assert first.observed == [("a", 500), ("b", 200)]  # which learned both attempts

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from specroute.config import LearnConfig
 from specroute.errors import BadRequestError
-from specroute.proxy.fields import Extras, decode_fields, route_request, upstream_body
-from specroute.proxy.streaming import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.intake import Extras, decode_fields, route_request, upstream_body
+from specroute.proxy.reply import ReplyMeter, StreamRelay, strip_reply
 
 
 def _event(data: object) -> bytes:
@@ -143,3 +143,21 @@ def test_workload_class_from_sampling_or_header() -> None:
     request = route_request("chat", sampled, None)
     assert (request.workload_class, request.max_tokens) == ("m:sampled", 9)
     assert route_request("chat", sampled, "code").workload_class == "code"
+
+
+@pytest.mark.parametrize(
+    ("sampling", "klass"),
+    [
+        (b'"temperature":0.0000001', "greedy"),  # under SGLang's epsilon: it decodes greedily
+        (b'"temperature":0.7,"top_k":1', "greedy"),
+        (b'"temperature":0.01', "sampled"),
+        (b'"top_k":1', "greedy"),
+    ],
+)
+def test_greedy_as_sglang_decides_it(sampling: bytes, klass: str) -> None:
+    fields = decode_fields("chat", b'{"model":"m","messages":[],' + sampling + b"}")
+    assert route_request("chat", fields, None).workload_class == f"m:{klass}"
+    generate = b'{"sampling_params":{' + sampling + b"}}"
+    assert route_request("generate", decode_fields("generate", generate), None).workload_class == (
+        f"-:{klass}"
+    )

@@ -1,28 +1,48 @@
-"""Reading a client's request before anything else happens: header values as given, the body
-within its size and time limits, and the header values the proxy echoes or keeps (request id,
-workload class) only when they are short printable ASCII."""
+"""Reading a client's request, first thing: header values as given, the body within its size
+and time limits, the few fields routing needs decoded from the client's bytes (the rest left
+untouched), the `RouteRequest` a policy sees, and the body to forward with what the proxy adds
+to learn from the reply."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from specroute.errors import PayloadTooLargeError, RequestTimeoutError
+import msgspec
+
+from specroute.config import Config, LearnConfig
+from specroute.errors import (
+    BadRequestError,
+    ModelNotFoundError,
+    PayloadTooLargeError,
+    RequestTimeoutError,
+)
+from specroute.policies import RouteRequest
+from specroute.pool import Pool
+from specroute.speculation import is_greedy
 
 __all__ = [
     "DISCONNECT",
     "ClientGone",
     "DisconnectSignal",
+    "Extras",
+    "Incoming",
+    "Intake",
     "Receive",
+    "RoutingFields",
     "Scope",
     "Send",
+    "decode_fields",
     "disconnect_signal",
     "header",
     "printable",
     "read_body",
     "request_id",
+    "route_request",
+    "upstream_body",
+    "watch_disconnect",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -30,37 +50,74 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _REQUEST_ID_MAX = 128
+_CLASS_NAME_MAX = 64
+_CLASSES_MAX = 256
+"""Distinct client-named workload classes: each costs estimator state and metric series, so
+names past this many fall back to the model's own class rather than grow without bound."""
 
 
 class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-DISCONNECT = "specroute.disconnect"
-"""The scope extension under which the proxy's own server protocol puts a `DisconnectSignal`."""
+class Extras(msgspec.Struct, kw_only=True):
+    """What the proxy asked for that the client did not: remove it from the reply."""
+
+    strip_usage: bool = False
+    strip_sglext: bool = False
 
 
-class DisconnectSignal:
-    """Fired by the server protocol when a client's connection drops before its reply ended:
-    calls `on_fire` at once. Cheaper than a task per request waiting on `receive()`, which is
-    the fallback under other ASGI servers."""
+class Incoming(NamedTuple):
+    """A request read and decoded: what the policy sees, what goes upstream, what to strip."""
 
-    __slots__ = ("fired", "on_fire")
-
-    def __init__(self) -> None:
-        self.fired = False
-        self.on_fire: Callable[[], None] | None = None
-
-    def fire(self) -> None:
-        self.fired = True
-        callback, self.on_fire = self.on_fire, None
-        if callback is not None:
-            callback()
+    request: RouteRequest
+    body: bytes
+    extras: Extras
 
 
-def disconnect_signal(scope: Scope) -> DisconnectSignal | None:
-    extensions = scope.get("extensions")
-    return extensions.get(DISCONNECT) if extensions else None
+class Intake:
+    """Reads each request of one app: its limits, its pool's models, and the client-named
+    workload classes it has accepted so far."""
+
+    def __init__(self, config: Config, pool: Pool) -> None:
+        self._config = config
+        self._pool = pool
+        self._classes: set[str] = set()
+
+    async def read(self, route: str, scope: Scope, receive: Receive) -> Incoming:
+        """The request on `route`: a 4xx error if it is too big, too slow, malformed, or asks
+        for a model no backend serves."""
+        config = self._config
+        body = await read_body(scope, receive, config.max_body_bytes, config.limits.body_timeout_s)
+        fields = decode_fields(route, body)
+        self._check_model(fields.model)
+        klass = self._workload_class(header(scope, b"x-specroute-class"))
+        forwarded, extras = upstream_body(body, fields, config.learn)
+        return Incoming(route_request(route, fields, klass), forwarded, extras)
+
+    def _check_model(self, model: str | None) -> None:
+        if model is None:
+            return
+        known = self._pool.known_models()
+        if known and model not in known:
+            raise ModelNotFoundError(
+                f"The model `{model}` does not exist; served: {', '.join(sorted(known))}",
+                param="model",
+            )
+
+    def _workload_class(self, given: bytes | None) -> str | None:
+        """The client's `X-Specroute-Class`, if it is a short printable name and either known
+        or within the cap on distinct classes; else None (the model's own class)."""
+        name = printable(given, _CLASS_NAME_MAX)
+        if name is None or name in self._classes:
+            return name
+        if len(self._classes) >= _CLASSES_MAX:
+            return None
+        self._classes.add(name)
+        return name
+
+
+# Headers and body --------------------------------------------------------------------------
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -68,6 +125,21 @@ def header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def printable(value: bytes | None, limit: int) -> str | None:
+    """`value` as text if it is at most `limit` bytes of printable ASCII, else None."""
+    if value and len(value) <= limit and value.isascii():
+        text = value.decode("ascii")
+        if text.isprintable():
+            return text
+    return None
+
+
+def request_id(given: bytes | None) -> str:
+    """The client's `X-Request-Id` when it is short printable ASCII, else a fresh one: it goes
+    into logs and back into a response header, so nothing else is echoed."""
+    return printable(given, _REQUEST_ID_MAX) or os.urandom(8).hex()
 
 
 async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
@@ -98,16 +170,195 @@ async def _receive_body(receive: Receive, limit: int) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def printable(value: bytes | None, limit: int) -> str | None:
-    """`value` as text if it is at most `limit` bytes of printable ASCII, else None."""
-    if value and len(value) <= limit and value.isascii():
-        text = value.decode("ascii")
-        if text.isprintable():
-            return text
-    return None
+# The client leaving ------------------------------------------------------------------------
+
+DISCONNECT = "specroute.disconnect"
+"""The scope extension under which the proxy's own server protocol puts a `DisconnectSignal`."""
 
 
-def request_id(given: bytes | None) -> str:
-    """The client's `X-Request-Id` when it is short printable ASCII, else a fresh one: it goes
-    into logs and back into a response header, so nothing else is echoed."""
-    return printable(given, _REQUEST_ID_MAX) or os.urandom(8).hex()
+class DisconnectSignal:
+    """Fired by the server protocol when a client's connection drops before its reply ended:
+    calls `on_fire` at once. Cheaper than a task per request waiting on `receive()`, which is
+    the fallback under other ASGI servers."""
+
+    __slots__ = ("fired", "on_fire")
+
+    def __init__(self) -> None:
+        self.fired = False
+        self.on_fire: Callable[[], None] | None = None
+
+    def fire(self) -> None:
+        self.fired = True
+        callback, self.on_fire = self.on_fire, None
+        if callback is not None:
+            callback()
+
+    def forget(self) -> None:
+        self.on_fire = None
+
+
+def disconnect_signal(scope: Scope) -> DisconnectSignal | None:
+    extensions = scope.get("extensions")
+    return extensions.get(DISCONNECT) if extensions else None
+
+
+def watch_disconnect(
+    scope: Scope, receive: Receive, on_gone: Callable[[], None]
+) -> Callable[[], object]:
+    """Call `on_gone` the moment the client's connection drops (ClientGone if it already
+    has); returns the function that stops watching."""
+    signal = disconnect_signal(scope)
+    if signal is None:
+        return asyncio.create_task(_wait_disconnect(receive, on_gone)).cancel
+    if signal.fired:
+        raise ClientGone
+    signal.on_fire = on_gone
+    return signal.forget
+
+
+async def _wait_disconnect(receive: Receive, on_gone: Callable[[], None]) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    on_gone()
+
+
+# The routing fields ------------------------------------------------------------------------
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+class RoutingFields(msgspec.Struct, kw_only=True):
+    """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw)."""
+
+    model: str
+    stream: bool | None = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    n: int | None = 1
+    stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
+    return_spec_tokens_details: bool | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class ChatFields(RoutingFields, kw_only=True):
+    messages: msgspec.Raw
+
+
+class CompletionFields(RoutingFields, kw_only=True):
+    prompt: msgspec.Raw
+
+
+class GenerateFields(msgspec.Struct, kw_only=True):
+    """SGLang's native /generate: no model field, sampling in `sampling_params`."""
+
+    stream: bool | None = False
+    model: str | None = None
+    sampling_params: SamplingParams | None = None
+
+
+_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
+    "chat": msgspec.json.Decoder(ChatFields),
+    "completions": msgspec.json.Decoder(CompletionFields),
+    "generate": msgspec.json.Decoder(GenerateFields),
+}
+
+
+def decode_fields(route: str, body: bytes) -> RoutingFields | GenerateFields:
+    """Decode the routing fields; malformed JSON or a missing field is a 400."""
+    try:
+        fields: RoutingFields | GenerateFields = _DECODERS[route].decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequestError(f"invalid request: {exc}", param=_param(str(exc))) from exc
+    except msgspec.DecodeError as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise BadRequestError("request body is nested too deeply") from exc
+    return fields
+
+
+def _param(message: str) -> str | None:
+    """The field msgspec blames, as OpenAI's `param` (`missing required field `model``)."""
+    if "`" not in message:
+        return None
+    name = message.split("`")[1]
+    return name.removeprefix("$.") or None
+
+
+def route_request(
+    route: str, fields: RoutingFields | GenerateFields, klass: str | None
+) -> RouteRequest:
+    """The features a policy sees; the workload class is the client's header or model+sampling."""
+    n: int | None = 1
+    if isinstance(fields, GenerateFields):
+        sp = fields.sampling_params or SamplingParams()
+        max_tokens, temperature, top_p, top_k = (
+            sp.max_new_tokens,
+            sp.temperature,
+            sp.top_p,
+            sp.top_k,
+        )
+    else:
+        max_tokens = fields.max_completion_tokens or fields.max_tokens
+        temperature, top_p, top_k, n = fields.temperature, fields.top_p, fields.top_k, fields.n
+    model = fields.model
+    sampling = "greedy" if is_greedy(temperature, top_k) else "sampled"
+    return RouteRequest(
+        route=route,
+        model=model,
+        workload_class=klass or f"{model or '-'}:{sampling}",
+        stream=bool(fields.stream),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        n=n or 1,
+    )
+
+
+def upstream_body(
+    body: bytes, fields: RoutingFields | GenerateFields, learn: LearnConfig
+) -> tuple[bytes, Extras]:
+    """The body to send upstream and what to strip from the reply. Appends to the client's bytes
+    when the added keys are absent; re-encodes only if the client set them to something else."""
+    if isinstance(fields, GenerateFields):
+        return body, Extras()
+    opts = fields.stream_options
+    want_usage = isinstance(opts, StreamOptions) and bool(
+        opts.include_usage or opts.continuous_usage_stats
+    )
+    want_sglext = fields.return_spec_tokens_details is True
+    add_usage = bool(fields.stream) and learn.include_usage and not want_usage
+    add_sglext = learn.spec_tokens_details and not want_sglext
+    extras = Extras(strip_usage=add_usage, strip_sglext=add_sglext)
+    if not (add_usage or add_sglext):
+        return body, extras
+    absent = (not add_usage or opts is msgspec.UNSET) and (
+        not add_sglext or fields.return_spec_tokens_details is msgspec.UNSET
+    )
+    if absent:
+        head = body.rstrip()
+        tail = b""
+        if add_usage:
+            tail += b',"stream_options":{"include_usage":true}'
+        if add_sglext:
+            tail += b',"return_spec_tokens_details":true'
+        return head[:-1] + tail + b"}", extras
+    data = msgspec.json.decode(body)
+    if add_usage:
+        options = data.get("stream_options") or {}
+        data["stream_options"] = {**options, "include_usage": True}
+    if add_sglext:
+        data["return_spec_tokens_details"] = True
+    return msgspec.json.encode(data), extras

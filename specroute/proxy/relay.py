@@ -1,12 +1,14 @@
-"""The relay: one ASGI handler for the proxied routes. Reads the body once, routes it, forwards
-the client's bytes, retries failures that happen before the first byte reaches the client, and
-streams replies event by event; a client that leaves cancels its upstream request at once."""
+"""The relay: one ASGI handler for the proxied routes, a request's life top to bottom. It reads
+the request (`intake`), binds the current policy to it, routes it, forwards the client's bytes,
+retries failures that happen before the first byte reaches the client, hands the reply over
+(`reply`), and keeps the request's record: one log line, its metrics, an `Outcome` per attempt."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -14,38 +16,29 @@ import msgspec
 import structlog
 
 from specroute.errors import (
-    ModelNotFoundError,
-    PayloadTooLargeError,
-    RequestTimeoutError,
-    ServiceUnavailableError,
     SpecrouteError,
-    StreamInterruptedError,
     UpstreamError,
     UpstreamTimeoutError,
     UpstreamUnavailableError,
-    error_body,
-    error_event,
 )
-from specroute.pool import Lease, StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
-from specroute.proxy.exchange import Exchange
-from specroute.proxy.fields import Extras, decode_fields, route_request, upstream_body
+from specroute.policies import Decision, Outcome, Policy, RouteRequest
+from specroute.pool import Lease, TimedOut, UpstreamFailure, UpstreamResponse
 from specroute.proxy.intake import (
     ClientGone,
-    DisconnectSignal,
+    Incoming,
+    Intake,
     Receive,
     Scope,
     Send,
-    disconnect_signal,
     header,
-    printable,
-    read_body,
     request_id,
+    watch_disconnect,
 )
-from specroute.proxy.pacing import SendWatch
+from specroute.proxy.metrics import ProxyMetrics
+from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.state import ProxyState
-from specroute.proxy.streaming import StreamRelay, strip_reply
 
-__all__ = ["RELAY_PATHS", "Receive", "Relay", "Scope", "Send"]
+__all__ = ["RELAY_PATHS", "Exchange", "Receive", "Relay", "Scope", "Send"]
 
 log = structlog.get_logger()
 
@@ -56,10 +49,268 @@ RELAY_PATHS = {
 }
 _UPSTREAM_PATH = {route: path for path, route in RELAY_PATHS.items()}
 _upstream_error = msgspec.json.Decoder(dict[str, Any])
-_CLASS_NAME_MAX = 64
-_CLASSES_MAX = 256
-"""Distinct client-named workload classes: each costs estimator state and metric series, so
-names past this many fall back to the model's own class rather than grow without bound."""
+
+
+class Relay:
+    """The proxied routes: chat completions, completions and SGLang's native /generate."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self._state = state
+        self._intake = Intake(state.config, state.pool)
+        self.draining = False
+        self._open: dict[asyncio.Task[Any], Exchange] = {}
+        self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
+
+    async def drain(self, grace_s: float) -> None:
+        """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
+        rest: streams with an error event and `[DONE]`, the others with a 503."""
+        self.draining = True
+        self._idle = asyncio.Event()
+        if self._open:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace_s):
+                    await self._idle.wait()
+        rest = list(self._open.items())
+        if rest:
+            log.warning("shutdown_ending_requests", requests=len(rest), grace_s=grace_s)
+        for task, ex in rest:
+            ex.reply.ending = True  # ended by shutdown, not by its client
+            task.cancel()
+        if rest:
+            await asyncio.wait([task for task, _ in rest], timeout=5.0)
+
+    async def handle(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self._state
+        # The policy is bound once, as the request comes in: a switch while it is in flight
+        # leaves its routing, retries, headers and observation all with this one.
+        ex = Exchange(route, request_id(header(scope, b"x-request-id")), state.policy, send)
+        reply = ex.reply
+        task = asyncio.current_task()
+        assert task is not None
+        self._open[task] = ex
+        stop_watching: Callable[[], object] | None = None
+        try:
+            if self.draining:
+                raise shutting_down()
+            state.auth.check(header(scope, b"authorization"))
+            incoming = await self._intake.read(route, scope, receive)
+            ex.request = incoming.request
+            stop_watching = watch_disconnect(scope, receive, partial(_client_left, task, reply))
+            await self._forward(ex, incoming)
+        except SpecrouteError as exc:
+            await reply.send_error(exc, ex.headers())
+        except ClientGone:
+            reply.status, reply.error = 499, "client disconnected"
+        except asyncio.CancelledError:
+            if not (reply.client_gone or reply.ending):
+                raise
+            task.uncancel()
+            if reply.client_gone:
+                reply.status, reply.error = 499, reply.error or "client disconnected"
+            else:  # a stream in flight got its error event already; the rest get a 503
+                await reply.send_error(shutting_down(), ex.headers())
+        finally:
+            del self._open[task]
+            if self._idle is not None and not self._open:
+                self._idle.set()
+            if stop_watching is not None:
+                stop_watching()
+            ex.finish(state.metrics)
+
+    async def _forward(self, ex: Exchange, incoming: Incoming) -> None:
+        """Attempts on distinct backends while failures happen before the first byte."""
+        state = self._state
+        retry = state.config.retry
+        request, policy = incoming.request, ex.policy
+        tried: list[str] = []
+        for attempt in range(1, retry.max_attempts + 1):
+            lease, decision = await state.admission.admit(request, policy, tried)
+            backend = lease.backend
+            ex.begin_attempt(lease, decision)
+            state.decisions.record(
+                ex.request_id,
+                request.workload_class,
+                backend.name,
+                backend.steps,
+                policy.name,
+                decision.reason,
+            )
+            state.metrics.decisions.inc((policy.name, backend.name))
+            tried.append(backend.name)
+            reason = await self._attempt(ex, lease, incoming, attempt == retry.max_attempts)
+            if reason is None:
+                return
+            state.metrics.retries.inc((backend.name, reason))
+            log.info(
+                "upstream_retried", request_id=ex.request_id, backend=backend.name, reason=reason
+            )
+            await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 1), retry.backoff_max_s))
+
+    async def _attempt(
+        self, ex: Exchange, lease: Lease, incoming: Incoming, last: bool
+    ) -> str | None:
+        """One try on one backend: None when the client got its answer, else why to retry."""
+        backend = lease.backend
+        upstream: UpstreamResponse | None = None
+        verdict: bool | None = None  # breaker: True success, False failure, None no verdict
+        status, error = 0, None
+        try:
+            upstream = await self._state.client.send(
+                "POST",
+                backend.url + _UPSTREAM_PATH[ex.route],
+                incoming.body,
+                _upstream_headers(backend.auth_headers),
+            )
+            status = upstream.status
+            if status >= 500 or status == 429:
+                verdict = status == 429  # overload is not a broken backend
+                error = f"upstream status {status}"
+                detail = await upstream.read()
+                if not last:
+                    return f"status_{status}"
+                raise upstream_error(status, detail)
+            if status >= 400:
+                verdict = True
+                raise upstream_error(status, await upstream.read())
+            await self._reply(ex, upstream, incoming)
+            verdict = ex.reply.error is None
+            return None
+        except UpstreamFailure as exc:
+            verdict, error = False, str(exc)
+            if ex.reply.committed:
+                return None
+            if not last:  # a timeout too: the client has nothing yet, another backend may answer
+                return type(exc).__name__
+            if isinstance(exc, TimedOut):
+                raise UpstreamTimeoutError(f"backend {backend.name} timed out") from exc
+            raise UpstreamUnavailableError(f"backend {backend.name} failed: {exc}") from exc
+        finally:
+            lease.release()
+            _judge(lease, verdict)
+            if upstream is not None:
+                await upstream.aclose()
+            self._learn(ex, lease, status, error or ex.reply.error)
+
+    async def _reply(self, ex: Exchange, upstream: UpstreamResponse, incoming: Incoming) -> None:
+        if upstream.status == 200 and upstream.content_type.startswith(b"text/event-stream"):
+            config = self._state.config
+            await ex.reply.send_stream(
+                upstream,
+                incoming.extras,
+                ex.headers(),
+                config.timeouts.idle_s,
+                config.limits.client_stall_s,
+            )
+        else:
+            await ex.reply.send_whole(upstream, incoming.extras, ex.headers())
+
+    def _learn(self, ex: Exchange, lease: Lease, status: int, error: str | None) -> None:
+        """The attempt's outcome to the pool's estimators, then to the request's policy."""
+        outcome = ex.outcome(lease, status, error)
+        lease.observe(outcome)  # the pool's own estimators: a bug there surfaces as itself
+        try:
+            ex.policy.observe(outcome)
+        except Exception:  # a third-party policy must not break the relay
+            log.exception("policy_observe_failed", policy=ex.policy.name)
+
+
+class Exchange:
+    """One proxied request's record: the policy bound to it, what was routed where, and its
+    reply; one log line and its metrics once it ends."""
+
+    def __init__(self, route: str, request_id: str, policy: Policy, send: Send) -> None:
+        self.route = route
+        self.request_id = request_id
+        self.policy = policy
+        self.started = time.perf_counter()
+        self.request: RouteRequest | None = None
+        self.decision: Decision | None = None
+        self.backend: str | None = None
+        self.steps: int | None = None
+        self.attempts = 0
+        self.attempt_started = self.started
+        self.reply = Reply(send, self.started)
+
+    def begin_attempt(self, lease: Lease, decision: Decision) -> None:
+        self.attempts += 1
+        self.decision = decision
+        self.backend = lease.backend.name
+        self.steps = lease.backend.steps
+        self.attempt_started = time.perf_counter()
+        self.reply.new_attempt()
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """What every proxied reply says about its routing."""
+        headers = [
+            (b"x-specroute-policy", self.policy.name.encode()),
+            (b"x-request-id", self.request_id.encode()),
+        ]
+        if self.backend is not None:
+            headers.append((b"x-specroute-backend", self.backend.encode()))
+            steps = "" if self.steps is None else str(self.steps)
+            headers.append((b"x-specroute-steps", steps.encode()))
+        return headers
+
+    def outcome(self, lease: Lease, status: int, error: str | None) -> Outcome:
+        """The attempt on `lease`'s backend as the estimators and the policy learn it."""
+        stream = self.reply.stream
+        meter = self.reply.measured
+        assert self.request is not None
+        return Outcome(
+            backend=lease.backend.name,
+            steps=self.steps,
+            workload_class=self.request.workload_class,
+            status=status,
+            stream=self.request.stream,
+            completion_tokens=meter.completion_tokens,
+            prompt_tokens=meter.prompt_tokens,
+            chunks=stream.chunks if stream is not None else 0,
+            verify_count=meter.verify_ct,
+            accept_length=meter.accept_length,
+            ttft_s=stream.ttft if stream is not None else None,
+            chunk_gaps_s=tuple(stream.gaps) if stream is not None else (),
+            duration_s=time.perf_counter() - self.attempt_started,
+            in_flight_at_start=lease.in_flight_at_start,
+            mean_in_flight=lease.mean_in_flight,
+            error=error,
+        )
+
+    def finish(self, metrics: ProxyMetrics) -> None:
+        """The one log line and the metrics of this request."""
+        duration = time.perf_counter() - self.started
+        reply, request = self.reply, self.request
+        backend = self.backend or "-"
+        steps = "" if self.steps is None else str(self.steps)
+        meter = reply.measured
+        ttft = reply.stream.ttft if reply.stream is not None else None
+        metrics.requests.inc((self.route, backend, steps, str(reply.status)))
+        if self.backend is not None:
+            if request is not None:
+                metrics.routed.inc((self.policy.name, request.workload_class, steps))
+            metrics.duration.observe((backend, steps), duration)
+            if ttft is not None:
+                metrics.ttft.observe((backend, steps), ttft)
+            if meter.completion_tokens:
+                metrics.tokens.inc((backend, steps), meter.completion_tokens)
+        log.info(
+            "request_finished",
+            request_id=self.request_id,
+            route=self.route,
+            model=request.model if request else None,
+            workload_class=request.workload_class if request else None,
+            stream=request.stream if request else None,
+            backend=self.backend,
+            steps=self.steps,
+            policy=self.policy.name,
+            reason=self.decision.reason if self.decision else None,
+            attempts=self.attempts,
+            status=reply.status,
+            prompt_tokens=meter.prompt_tokens,
+            completion_tokens=meter.completion_tokens,
+            ttft_s=None if ttft is None else round(ttft, 6),
+            duration_s=round(duration, 6),
+            error=reply.error,
+        )
 
 
 def upstream_error(status: int, body: bytes) -> UpstreamError:
@@ -80,273 +331,6 @@ def upstream_error(status: int, body: bytes) -> UpstreamError:
     return exc
 
 
-class Relay:
-    """The proxied routes: chat completions, completions and SGLang's native /generate."""
-
-    def __init__(self, state: ProxyState) -> None:
-        self._state = state
-        self.draining = False
-        self._open: set[asyncio.Task[Any]] = set()
-        self._ending: set[asyncio.Task[Any]] = set()  # ended by shutdown, not by their client
-        self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
-        self._classes: set[str] = set()
-
-    async def drain(self, grace_s: float) -> None:
-        """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
-        rest: streams with an error event and `[DONE]`, the others with a 503."""
-        self.draining = True
-        self._idle = asyncio.Event()
-        if self._open:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace_s):
-                    await self._idle.wait()
-        rest = list(self._open)
-        if rest:
-            log.warning("shutdown_ending_requests", requests=len(rest), grace_s=grace_s)
-        for task in rest:
-            self._ending.add(task)
-            task.cancel()
-        if rest:
-            await asyncio.wait(rest, timeout=5.0)
-
-    async def handle(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
-        state = self._state
-        ex = Exchange(route, request_id(header(scope, b"x-request-id")), state.policy.name)
-        task = asyncio.current_task()
-        assert task is not None
-        self._open.add(task)
-        watcher: asyncio.Task[None] | None = None
-        signal: DisconnectSignal | None = None
-        try:
-            if self.draining:
-                raise _shutting_down()
-            state.auth.check(header(scope, b"authorization"))
-            limits = state.config.limits
-            body = await read_body(
-                scope, receive, state.config.max_body_bytes, limits.body_timeout_s
-            )
-            fields = decode_fields(route, body)
-            ex.model = fields.model
-            self._check_model(fields.model)
-            klass = self._workload_class(header(scope, b"x-specroute-class"))
-            ex.request = route_request(route, fields, klass)
-            forwarded, extras = upstream_body(body, fields, state.config.learn)
-            signal = disconnect_signal(scope)
-            if signal is None:
-                watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
-            elif signal.fired:
-                raise ClientGone
-            else:
-                signal.on_fire = partial(_client_left, task, ex)
-            await self._forward(ex, forwarded, extras, send)
-        except SpecrouteError as exc:
-            await self._send_error(ex, exc, send)
-        except ClientGone:
-            ex.status, ex.error = 499, "client disconnected"
-        except asyncio.CancelledError:
-            if not (ex.client_gone or task in self._ending):
-                raise
-            task.uncancel()
-            if ex.client_gone:
-                ex.status, ex.error = 499, ex.error or "client disconnected"
-            else:  # a stream in flight got its error event already; the rest get a 503
-                await self._send_error(ex, _shutting_down(), send)
-        finally:
-            self._open.discard(task)
-            self._ending.discard(task)
-            if self._idle is not None and not self._open:
-                self._idle.set()
-            if watcher is not None:
-                watcher.cancel()
-            elif signal is not None:
-                signal.on_fire = None
-            ex.finish(state.metrics)
-
-    def _workload_class(self, given: bytes | None) -> str | None:
-        """The client's `X-Specroute-Class`, if it is a short printable name and either known
-        or within the cap on distinct classes; else None (the model's own class)."""
-        name = printable(given, _CLASS_NAME_MAX)
-        if name is None or name in self._classes:
-            return name
-        if len(self._classes) >= _CLASSES_MAX:
-            return None
-        self._classes.add(name)
-        return name
-
-    def _check_model(self, model: str | None) -> None:
-        if model is None:
-            return
-        known = self._state.pool.known_models()
-        if known and model not in known:
-            raise ModelNotFoundError(
-                f"The model `{model}` does not exist; served: {', '.join(sorted(known))}",
-                param="model",
-            )
-
-    async def _forward(self, ex: Exchange, body: bytes, extras: Extras, send: Send) -> None:
-        """Attempts on distinct backends while failures happen before the first byte."""
-        state = self._state
-        retry = state.config.retry
-        assert ex.request is not None
-        tried: list[str] = []
-        for attempt in range(1, retry.max_attempts + 1):
-            lease, decision = await state.admission.admit(ex.request, state.policy, tried)
-            ex.begin_attempt(lease, decision)
-            state.decisions.record(
-                ex.request_id,
-                ex.request.workload_class,
-                lease.backend.name,
-                lease.backend.steps,
-                ex.policy,
-                decision.reason,
-            )
-            state.metrics.decisions.inc((ex.policy, lease.backend.name))
-            tried.append(lease.backend.name)
-            reason = await self._attempt(
-                ex, lease, body, extras, send, attempt == retry.max_attempts
-            )
-            if reason is None:
-                return
-            state.metrics.retries.inc((lease.backend.name, reason))
-            log.info(
-                "upstream_retried",
-                request_id=ex.request_id,
-                backend=lease.backend.name,
-                reason=reason,
-            )
-            await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 1), retry.backoff_max_s))
-
-    async def _attempt(
-        self, ex: Exchange, lease: Lease, body: bytes, extras: Extras, send: Send, last: bool
-    ) -> str | None:
-        """One try on one backend: None when the client got its answer, else why to retry."""
-        backend = lease.backend
-        upstream: UpstreamResponse | None = None
-        verdict: bool | None = None  # breaker: True success, False failure, None no verdict
-        status, error = 0, None
-        try:
-            upstream = await self._state.client.send(
-                "POST",
-                backend.url + _UPSTREAM_PATH[ex.route],
-                body,
-                _upstream_headers(backend.auth_headers),
-            )
-            status = upstream.status
-            if status >= 500 or status == 429:
-                verdict = status == 429  # overload is not a broken backend
-                error = f"upstream status {status}"
-                detail = await upstream.read()
-                if not last:
-                    return f"status_{status}"
-                raise upstream_error(status, detail)
-            if status >= 400:
-                verdict = True
-                raise upstream_error(status, await upstream.read())
-            if status == 200 and upstream.content_type.startswith(b"text/event-stream"):
-                await self._relay_stream(ex, upstream, extras, send)
-            else:
-                await self._relay_whole(ex, upstream, extras, send)
-            verdict = ex.error is None
-            return None
-        except UpstreamFailure as exc:
-            verdict, error = False, str(exc)
-            if ex.committed:
-                return None
-            if not last:  # a timeout too: the client has nothing yet, another backend may answer
-                return type(exc).__name__
-            if isinstance(exc, TimedOut):
-                raise UpstreamTimeoutError(f"backend {backend.name} timed out") from exc
-            raise UpstreamUnavailableError(f"backend {backend.name} failed: {exc}") from exc
-        finally:
-            lease.release()
-            _judge(lease, verdict)
-            if upstream is not None:
-                await upstream.aclose()
-            self._observe(ex, lease, status, error or ex.error)
-
-    async def _relay_whole(
-        self, ex: Exchange, upstream: UpstreamResponse, extras: Extras, send: Send
-    ) -> None:
-        body = strip_reply(await upstream.read(), extras, ex.meter)
-        ex.status = upstream.status
-        headers = [
-            (b"content-type", upstream.content_type),
-            (b"content-length", str(len(body)).encode()),
-            *ex.backend_headers(),
-        ]
-        ex.committed = ex.finished = True
-        await send({"type": "http.response.start", "status": upstream.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _relay_stream(
-        self, ex: Exchange, upstream: UpstreamResponse, extras: Extras, send: Send
-    ) -> None:
-        """Headers go out with the first event, so a backend that fails during prefill is
-        still retried invisibly; after that, failures end the stream with an error event."""
-        config = self._state.config
-        relay = ex.stream = StreamRelay(extras, ex.started)
-        chunks = upstream.chunks(config.timeouts.idle_s).__aiter__()
-        first = await anext(chunks, b"")
-        headers = [(b"content-type", upstream.content_type), *ex.backend_headers()]
-        ex.status = 200
-        ex.committed = True
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        tail = b""
-        task = asyncio.current_task()
-        assert task is not None
-        watch = SendWatch(task, config.limits.client_stall_s)
-        try:
-            data: bytes | None = first
-            while data is not None:
-                out = relay.feed(data, time.perf_counter())
-                if out:
-                    watch.sending = True
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    watch.sending = False
-                    watch.sent += 1
-                data = await anext(chunks, None)
-            tail = relay.rest()
-            if not relay.saw_done:
-                raise StreamBroken("stream ended before [DONE]")
-        except UpstreamFailure as exc:
-            ex.error = str(exc)
-            tail = error_event(_stream_failure(exc))
-            raise
-        except asyncio.CancelledError:
-            if watch.stalled:  # nothing more can reach a client that stopped reading
-                ex.client_gone = True
-                ex.error = "client stopped reading"
-            elif task in self._ending:
-                ex.error = "proxy shutting down"
-                tail = error_event(_shutting_down())
-            raise
-        finally:
-            watch.close()
-            ex.finished = True
-            if not ex.client_gone:
-                await send({"type": "http.response.body", "body": tail, "more_body": False})
-
-    def _observe(self, ex: Exchange, lease: Lease, status: int, error: str | None) -> None:
-        if ex.request is None:
-            return
-        try:
-            self._state.policy.observe(ex.outcome(lease, status, error))
-        except Exception:  # a third-party policy must not break the relay
-            log.exception("policy_observe_failed", policy=ex.policy)
-
-    async def _send_error(self, ex: Exchange, exc: SpecrouteError, send: Send) -> None:
-        ex.status = exc.status
-        ex.error = ex.error or exc.message
-        if ex.committed:
-            return
-        ex.committed = ex.finished = True
-        headers = [(b"content-type", b"application/json"), *exc.headers(), *ex.backend_headers()]
-        if isinstance(exc, RequestTimeoutError | PayloadTooLargeError):
-            headers.append((b"connection", b"close"))  # the rest of its body was never read
-        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
-        await send({"type": "http.response.body", "body": error_body(exc), "more_body": False})
-
-
 def _judge(lease: Lease, verdict: bool | None) -> None:
     breaker = lease.backend.breaker
     if verdict is None:
@@ -361,27 +345,8 @@ def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, byte
     return [(b"content-type", b"application/json"), (b"accept", b"*/*"), *auth]
 
 
-def _client_left(task: asyncio.Task[Any], ex: Exchange) -> None:
+def _client_left(task: asyncio.Task[Any], reply: Reply) -> None:
     """Cancel the request's task the moment its client goes away."""
-    if not ex.finished:
-        ex.client_gone = True
+    if not reply.finished:
+        reply.client_gone = True
         task.cancel()
-
-
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], ex: Exchange) -> None:
-    """The same, under an ASGI server that gives no `DisconnectSignal`."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            _client_left(task, ex)
-            return
-
-
-def _shutting_down() -> ServiceUnavailableError:
-    return ServiceUnavailableError("proxy is shutting down", code="shutting_down", retry_after=1)
-
-
-def _stream_failure(exc: UpstreamFailure) -> SpecrouteError:
-    if isinstance(exc, TimedOut):
-        return UpstreamTimeoutError(f"backend stream stalled: {exc}")
-    return StreamInterruptedError(f"backend stream interrupted: {exc}")

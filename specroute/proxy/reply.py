@@ -1,16 +1,201 @@
-"""Reading a reply on its way through: split a stream into events, drop the extras the client
-did not ask for, forward every other event byte for byte, and measure what learning needs."""
+"""The reply to the client: a whole body, or an event stream relayed event by event as it
+arrives; what the proxy asked for and the client did not is removed, every other event goes
+on byte for byte, tokens are counted, and a client that stops reading is let go."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 
-from specroute.pool import StreamBroken
-from specroute.proxy.fields import Extras
+from specroute.errors import (
+    PayloadTooLargeError,
+    RequestTimeoutError,
+    ServiceUnavailableError,
+    SpecrouteError,
+    StreamInterruptedError,
+    UpstreamTimeoutError,
+    error_body,
+    error_event,
+)
+from specroute.pool import StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
+from specroute.proxy.intake import Extras, Send
+from specroute.sse import DONE, SSESplitter, event_data
 
-__all__ = ["ReplyMeter", "StreamRelay", "strip_reply"]
+__all__ = ["Reply", "ReplyMeter", "SendWatch", "StreamRelay", "shutting_down", "strip_reply"]
+
+Headers = list[tuple[bytes, bytes]]
+
+
+def shutting_down() -> ServiceUnavailableError:
+    return ServiceUnavailableError("proxy is shutting down", code="shutting_down", retry_after=1)
+
+
+class Reply:
+    """One request's reply as its client gets it: whether the headers went out (`committed`),
+    whether it ended, its status and error; and what the attempt sending it measured."""
+
+    __slots__ = (
+        "_send",
+        "_started",
+        "client_gone",
+        "committed",
+        "ending",
+        "error",
+        "finished",
+        "meter",
+        "status",
+        "stream",
+    )
+
+    def __init__(self, send: Send, started: float) -> None:
+        self._send = send
+        self._started = started
+        self.status = 0
+        self.error: str | None = None
+        self.committed = False
+        self.finished = False
+        self.client_gone = False
+        self.ending = False  # the proxy is shutting down and ends this reply itself
+        self.meter = ReplyMeter()
+        self.stream: StreamRelay | None = None
+
+    def new_attempt(self) -> None:
+        self.meter = ReplyMeter()
+        self.stream = None
+
+    @property
+    def measured(self) -> ReplyMeter:
+        return self.stream.meter if self.stream is not None else self.meter
+
+    async def send_whole(
+        self, upstream: UpstreamResponse, extras: Extras, headers: Headers
+    ) -> None:
+        body = strip_reply(await upstream.read(), extras, self.meter)
+        self.status = upstream.status
+        start = [
+            (b"content-type", upstream.content_type),
+            (b"content-length", str(len(body)).encode()),
+            *headers,
+        ]
+        self.committed = self.finished = True
+        await self._send({"type": "http.response.start", "status": self.status, "headers": start})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def send_stream(
+        self,
+        upstream: UpstreamResponse,
+        extras: Extras,
+        headers: Headers,
+        idle_s: float,
+        stall_s: float,
+    ) -> None:
+        """Headers go out with the first event, so a backend that fails during prefill is
+        still retried invisibly; after that, failures end the stream with an error event."""
+        relay = self.stream = StreamRelay(extras, self._started)
+        chunks = upstream.chunks(idle_s).__aiter__()
+        first = await anext(chunks, b"")
+        self.status = 200
+        self.committed = True
+        start = [(b"content-type", upstream.content_type), *headers]
+        await self._send({"type": "http.response.start", "status": 200, "headers": start})
+        tail = b""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = SendWatch(task, stall_s)
+        try:
+            await self._relay(relay, first, chunks, watch)
+            tail = relay.rest()
+            if not relay.saw_done:
+                raise StreamBroken("stream ended before [DONE]")
+        except UpstreamFailure as exc:
+            self.error = str(exc)
+            tail = error_event(_stream_failure(exc))
+            raise
+        except asyncio.CancelledError:
+            if watch.stalled:  # nothing more can reach a client that stopped reading
+                self.client_gone = True
+                self.error = "client stopped reading"
+            elif self.ending:
+                self.error = "proxy shutting down"
+                tail = error_event(shutting_down())
+            raise
+        finally:
+            watch.close()
+            self.finished = True
+            if not self.client_gone:
+                await self._send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def _relay(
+        self, relay: StreamRelay, first: bytes, chunks: AsyncIterator[bytes], watch: SendWatch
+    ) -> None:
+        """Each chunk's whole events to the client as soon as they are in."""
+        send = self._send
+        data: bytes | None = first
+        while data is not None:
+            out = relay.feed(data, time.perf_counter())
+            if out:
+                watch.sending = True
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                watch.sending = False
+                watch.sent += 1
+            data = await anext(chunks, None)
+
+    async def send_error(self, exc: SpecrouteError, headers: Headers) -> None:
+        """`exc` in OpenAI's shape, unless the reply is under way (then it has its error)."""
+        self.status = exc.status
+        self.error = self.error or exc.message
+        if self.committed:
+            return
+        self.committed = self.finished = True
+        start = [(b"content-type", b"application/json"), *exc.headers(), *headers]
+        if isinstance(exc, RequestTimeoutError | PayloadTooLargeError):
+            start.append((b"connection", b"close"))  # the rest of its body was never read
+        await self._send({"type": "http.response.start", "status": exc.status, "headers": start})
+        await self._send(
+            {"type": "http.response.body", "body": error_body(exc), "more_body": False}
+        )
+
+
+def _stream_failure(exc: UpstreamFailure) -> SpecrouteError:
+    if isinstance(exc, TimedOut):
+        return UpstreamTimeoutError(f"backend stream stalled: {exc}")
+    return StreamInterruptedError(f"backend stream interrupted: {exc}")
+
+
+class SendWatch:
+    """A watch on a streaming client's reading pace. A client that stops reading but keeps its
+    connection open would otherwise hold a backend slot for as long as it likes. Set `sending`
+    around each write and count it in `sent`; a write blocked through two consecutive checks
+    `limit_s` apart cancels `task` and sets `stalled`."""
+
+    __slots__ = ("_handle", "_limit_s", "_seen", "_task", "sending", "sent", "stalled")
+
+    def __init__(self, task: asyncio.Task[Any], limit_s: float) -> None:
+        self._task = task
+        self._limit_s = limit_s
+        self.sending = False
+        self.sent = 0
+        self.stalled = False
+        self._seen = -1  # no write is blocked at the first check
+        self._handle = asyncio.get_running_loop().call_later(limit_s, self._check)
+
+    def _check(self) -> None:
+        if self.sending and self.sent == self._seen:
+            self.stalled = True
+            self._task.cancel()
+            return
+        self._seen = self.sent
+        self._handle = asyncio.get_running_loop().call_later(self._limit_s, self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
+# Reading what comes back -------------------------------------------------------------------
 
 
 class Usage(msgspec.Struct):
@@ -77,12 +262,12 @@ class ReplyMeter:
             self.error = error.decode("utf-8", "replace")[:200]
 
 
-def _interesting(event: bytes) -> bool:
+def _interesting(payload: bytes) -> bool:
     return (
-        b'"usage"' in event
-        or b'"sglext"' in event
-        or b'"meta_info"' in event
-        or (b'"error"' in event)
+        b'"usage"' in payload
+        or b'"sglext"' in payload
+        or b'"meta_info"' in payload
+        or b'"error"' in payload
     )
 
 
@@ -90,9 +275,9 @@ class StreamRelay:
     """Feed upstream bytes; get back the bytes to forward (whole events only)."""
 
     __slots__ = (
-        "_buffer",
         "_extras",
         "_last",
+        "_splitter",
         "_started",
         "chunks",
         "gaps",
@@ -103,7 +288,7 @@ class StreamRelay:
 
     def __init__(self, extras: Extras, started: float) -> None:
         self._extras = extras
-        self._buffer = b""
+        self._splitter = SSESplitter()
         self._started = started
         self._last: float | None = None
         self.chunks = 0
@@ -113,35 +298,23 @@ class StreamRelay:
         self.saw_done = False
 
     def feed(self, data: bytes, now: float) -> bytes:
-        buffer = self._buffer + data if self._buffer else data
-        out: list[bytes] = []
-        start = 0
-        while True:
-            end = buffer.find(b"\n\n", start)
-            if end == -1:
-                break
-            event = buffer[start : end + 2]
-            start = end + 2
-            if self._keep(event, now):
-                out.append(event)
-        self._buffer = buffer[start:]
+        out = [event for event in self._splitter.feed(data) if self._keep(event, now)]
         return b"".join(out) if len(out) != 1 else out[0]
 
     def rest(self) -> bytes:
         """An unterminated tail at the end of the stream, passed on as it came."""
-        rest, self._buffer = self._buffer, b""
-        return rest
+        return self._splitter.rest()
 
     def _keep(self, event: bytes, now: float) -> bool:
-        payload = event[6:-2].rstrip(b"\r") if event.startswith(b"data: ") else None
+        payload = event_data(event)
         if payload is None:
             return True  # comments, `event:` lines and other non-data events pass untouched
-        if payload == b"[DONE]":
+        if payload == DONE:
             self.saw_done = True
             return True
         if payload[:1] != b"{" or payload[-1:] != b"}":  # torn or garbled: clients cannot parse it
             raise StreamBroken(f"backend sent a malformed event: {payload[:40]!r}")
-        chunk = _decode(payload) if _interesting(event) else None
+        chunk = _decode(payload) if _interesting(payload) else None
         if chunk is not None:
             self.meter.take(chunk)
         if chunk is None or chunk.choices or chunk.meta_info is not None:
