@@ -221,10 +221,6 @@ class H1Pool:
         self._ssl: ssl.SSLContext | None = None
         self._closed = False
 
-    @property
-    def open_connections(self) -> int:
-        return self._open
-
     async def request(
         self, method: bytes, url: httpx.URL, headers: Headers, body: bytes, timeouts: Timeouts
     ) -> H1Reply:

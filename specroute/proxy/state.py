@@ -23,6 +23,8 @@ class ProxyState:
         self.config = config
         self.client = UpstreamClient(config.timeouts, config.client)
         self.pool = Pool(config, self.client)
+        # The current policy: PUT /policy replaces it; each request keeps the one it came in
+        # under (the relay binds it once per request).
         self.policy: Policy = create(config.policy)
         self.admission = Admission(self.pool, config.admission)
         self.auth = Auth(config.api_keys, config.admin_key)
@@ -31,11 +33,6 @@ class ProxyState:
         self.process = ProcessMonitor()
         self.metrics.registry.register(ProxyGauges(self))
         self.started = time.time()  # wall clock only for `created` in /v1/models
-
-    def switch_policy(self, name: str) -> Policy:
-        """Replace the policy at run time; requests already routed are unaffected."""
-        self.policy = create(name)
-        return self.policy
 
     async def start(self) -> None:
         await self.pool.start()
