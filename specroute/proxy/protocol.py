@@ -101,7 +101,7 @@ class _CoalescingTransport:
         if self._pending:
             data = b"".join(self._pending)
             self._pending.clear()
-            if not self._transport.is_closing():
+            if not (self._closing or self._transport.is_closing()):  # nothing after our end
                 self._transport.write(data)
 
     def close(self) -> None:
