@@ -12,6 +12,7 @@ import re
 __all__ = ["DONE", "SSEDecoder", "SSESplitter", "event_data"]
 
 DONE = b"[DONE]"
+_LF = ord("\n")
 
 _EOL = rb"(?:\r\n|\r(?!\n)|\n)"
 # Non-empty lines, then the empty line that ends the event. Possessive, so a CRLF is never
@@ -21,28 +22,34 @@ _LINE_END = re.compile(_EOL)
 
 
 class SSESplitter:
-    """Feed raw bytes, get back every event they complete: its bytes exactly as received, the
-    empty line that ends it included, so that the events joined are the bytes fed."""
+    """Feed raw bytes, get back every event they complete: its bytes exactly as received (the
+    empty line that ends it included, so the events joined are the bytes fed) and its data."""
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_after_cr", "_buffer")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._after_cr = False  # the last event ended with a CR, the last byte fed
 
-    def feed(self, chunk: bytes) -> list[bytes]:
+    def feed(self, chunk: bytes) -> list[tuple[bytes, bytes | None]]:
+        """Add bytes from the wire; return each event they complete, with `event_data`."""
+        events: list[tuple[bytes, bytes | None]] = []
+        if self._after_cr and chunk:
+            self._after_cr = False
+            if chunk.startswith(b"\n"):  # the LF of that CRLF: an empty line, on its own
+                events.append((b"\n", None))
+                chunk = chunk[1:]
         buffer = self._buffer + chunk if self._buffer else chunk
-        events: list[bytes] = []
-        start = 0
-        if b"\r" not in buffer:  # SGLang's framing: a search, not a parse
-            while (end := buffer.find(b"\n\n", start)) != -1:
-                events.append(buffer[start : end + 2])
-                start = end + 2
+        if buffer.find(b"\r") < 0:  # SGLang's framing: searches, not a parse
+            end = buffer.find(b"\n")
+            if end == len(buffer) - 2 and buffer[-1] == _LF and buffer.startswith(b"data: "):
+                self._buffer = b""  # one whole `data:` line and its empty one: SGLang's chunk
+                events.append((buffer, buffer[6:end]))
+                return events
+            start = _split_lf(buffer, events)
         else:
-            # A CR ending the buffer counts as a line end at once; an LF after it in the next
-            # chunk then reads as an empty line, which dispatches nothing.
-            while (match := _EVENT.match(buffer, start)) is not None:
-                events.append(match.group())
-                start = match.end()
+            start = _split_any(buffer, events)
+            self._after_cr = start == len(buffer) and buffer.endswith(b"\r")
         self._buffer = buffer[start:] if start else buffer
         return events
 
@@ -52,16 +59,39 @@ class SSESplitter:
         return rest
 
 
+def _split_lf(buffer: bytes, events: list[tuple[bytes, bytes | None]]) -> int:
+    """The events of a buffer with no CR in it; returns where the unfinished rest starts."""
+    start = 0
+    while (end := buffer.find(b"\n", start)) >= 0:
+        if buffer.startswith(b"\n", end + 1):  # one line, then the empty one: the usual event
+            event = buffer[start : end + 2]
+            single = buffer.startswith(b"data: ", start)
+            events.append((event, buffer[start + 6 : end] if single else event_data(event)))
+            start = end + 2
+            continue
+        last = buffer.find(b"\n\n", end)
+        if last < 0:
+            break
+        event = buffer[start : last + 2]
+        events.append((event, event_data(event)))
+        start = last + 2
+    return start
+
+
+def _split_any(buffer: bytes, events: list[tuple[bytes, bytes | None]]) -> int:
+    """The same for any line ends. A CR ending the buffer counts as a line end at once, so an
+    event framed by CRs is not held back waiting to see whether an LF follows."""
+    start = 0
+    while (match := _EVENT.match(buffer, start)) is not None:
+        event = match.group()
+        events.append((event, event_data(event)))
+        start = match.end()
+    return start
+
+
 def event_data(event: bytes) -> bytes | None:
     """The data of one whole event (its `data` lines joined by LF), or None if it has none:
     comments, `event:`/`id:`/`retry:` only, or an empty line."""
-    if (
-        event.startswith(b"data: ")
-        and event.find(b"\n") == len(event) - 2
-        and event.endswith(b"\n\n")
-        and b"\r" not in event
-    ):
-        return event[6:-2]  # one `data: ` line ended by LF: every event SGLang sends
     values = [
         line[5:].removeprefix(b" ") if line != b"data" else b""
         for line in _LINE_END.split(event)
@@ -80,12 +110,7 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Add bytes from the wire; return the payloads of the events completed by them."""
-        payloads: list[bytes] = []
-        for event in self._splitter.feed(chunk):
-            data = event_data(event)
-            if data is not None:
-                payloads.append(data)
-        return payloads
+        return [data for _, data in self._splitter.feed(chunk) if data is not None]
 
     def close(self) -> bool:
         """End of stream: drop an unfinished event (as the SSE spec says); True if there was

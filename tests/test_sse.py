@@ -61,10 +61,11 @@ def test_byte_by_byte_feeding_equals_one_feed(events: list[bytes], eol: bytes) -
     assert single == one == events
 
 
-@given(st.lists(st.integers(min_value=0), max_size=10))
-def test_multi_line_data_fields_join_with_newline(cuts: list[int]) -> None:
-    data = b"data: first\r\ndata:second\r\n\r\ndata: [DONE]\n\n"
+@given(line_endings, st.lists(st.integers(min_value=0), max_size=10))
+def test_multi_line_data_fields_join_with_newline(eol: bytes, cuts: list[int]) -> None:
+    data = b"data: first" + eol + b"data:second" + eol + eol + b"data: [DONE]\n\n"
     assert decode_split(data, cuts) == [b"first\nsecond", DONE]
+    assert decode_split(data, list(range(len(data)))) == [b"first\nsecond", DONE]  # bytewise
 
 
 def test_unterminated_event_is_dropped_and_reported_on_close() -> None:
@@ -73,9 +74,9 @@ def test_unterminated_event_is_dropped_and_reported_on_close() -> None:
     assert decoder.close() is True
 
 
-def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
+def split_at(data: bytes, cuts: list[int]) -> list[tuple[bytes, bytes | None]]:
     splitter = SSESplitter()
-    events: list[bytes] = []
+    events: list[tuple[bytes, bytes | None]] = []
     points = sorted({c % (len(data) + 1) for c in cuts})
     for start, end in zip([0, *points], [*points, len(data)], strict=True):
         events += splitter.feed(data[start:end])
@@ -89,23 +90,25 @@ def test_split_events_join_to_the_bytes_fed_and_carry_their_data(
 ) -> None:
     data = wire_bytes(events, eol, comments)
     split = split_at(data, cuts)
-    assert b"".join(split) == data
-    assert [d for e in split if (d := event_data(e)) is not None] == events
+    assert b"".join(e for e, _ in split) == data
+    assert [d for _, d in split if d is not None] == events
+    assert all(d == event_data(e) for e, d in split)
 
 
 def test_an_event_is_handed_back_as_soon_as_its_empty_line_arrives() -> None:
     for eol in (b"\n", b"\r\n", b"\r"):
         splitter = SSESplitter()
         assert splitter.feed(b"data: one" + eol) == []
-        assert splitter.feed(eol + b"data: tw") == [b"data: one" + eol + eol]
+        assert splitter.feed(eol + b"data: tw") == [(b"data: one" + eol + eol, b"one")]
         assert splitter.rest() == b"data: tw"
 
 
 def test_a_crlf_is_one_line_end_even_when_split_between_chunks() -> None:
     splitter = SSESplitter()
     assert splitter.feed(b"data: a\r") == []
-    assert splitter.feed(b"\ndata: b\r\n\r\n") == [b"data: a\r\ndata: b\r\n\r\n"]
-    assert event_data(b"data: a\r\ndata: b\r\n\r\n") == b"a\nb"
+    assert splitter.feed(b"\ndata: b\r\n\r") == [(b"data: a\r\ndata: b\r\n\r", b"a\nb")]
+    assert splitter.feed(b"\n") == [(b"\n", None)]  # that CR's LF: nothing left waiting
+    assert splitter.rest() == b""
 
 
 def test_events_without_data_have_none() -> None:

@@ -23,7 +23,7 @@ from specroute.errors import (
 )
 from specroute.pool import StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
 from specroute.proxy.intake import Extras, Send
-from specroute.sse import DONE, SSESplitter, event_data
+from specroute.sse import DONE, SSESplitter
 
 __all__ = ["Reply", "ReplyMeter", "SendWatch", "StreamRelay", "shutting_down", "strip_reply"]
 
@@ -298,15 +298,14 @@ class StreamRelay:
         self.saw_done = False
 
     def feed(self, data: bytes, now: float) -> bytes:
-        out = [event for event in self._splitter.feed(data) if self._keep(event, now)]
+        out = [event for event, payload in self._splitter.feed(data) if self._keep(payload, now)]
         return b"".join(out) if len(out) != 1 else out[0]
 
     def rest(self) -> bytes:
         """An unterminated tail at the end of the stream, passed on as it came."""
         return self._splitter.rest()
 
-    def _keep(self, event: bytes, now: float) -> bool:
-        payload = event_data(event)
+    def _keep(self, payload: bytes | None, now: float) -> bool:
         if payload is None:
             return True  # comments, `event:` lines and other non-data events pass untouched
         if payload == DONE:
