@@ -3,6 +3,8 @@ rule, and the priors used before anything is measured. A leaf: stdlib only, no I
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "DEFAULT_INTERCEPT_S",
     "DEFAULT_OUTPUT_TOKENS",
@@ -11,6 +13,7 @@ __all__ = [
     "PRIOR_ALPHA",
     "alpha_from_accept_length",
     "expected_tokens",
+    "expected_tokens_of_rates",
     "is_greedy",
 ]
 
@@ -41,6 +44,15 @@ def expected_tokens(alpha: float, steps: int) -> float:
     if alpha >= 1.0:
         return float(steps + 1)
     return (1.0 - alpha ** (steps + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_of_rates(rates: Iterable[float]) -> float:
+    """E_k with per-position acceptance a_1..a_k: 1 + a_1 + a_1 a_2 + ... + a_1...a_k."""
+    total, run = 1.0, 1.0
+    for a in rates:
+        run *= a
+        total += run
+    return total
 
 
 def alpha_from_accept_length(accept_length: float, steps: int) -> float:

@@ -148,6 +148,7 @@ def _compose(name: str) -> dict[str, Any]:
 def _compose_backends(services: dict[str, Any]) -> list[str]:
     env = services["proxy"]["environment"]
     config = load_config(environ={k: str(v) for k, v in env.items()})
+    assert config.policy == Config().policy  # the product's default, as in Kubernetes
     assert set(services["proxy"]["depends_on"]) == {s for s in services if s != "proxy"}
     return [b.url for b in config.backends]
 

@@ -20,14 +20,6 @@ SEED = get_profile("seed-qwen35-122b")
 COSTLY = get_profile("costly-drafts")
 
 
-def expected_tokens(rates: tuple[float, ...]) -> float:
-    total, run = 1.0, 1.0
-    for a in rates:
-        run *= a
-        total += run
-    return total
-
-
 @pytest.mark.parametrize("klass", ["greedy", "low", "high"])
 @pytest.mark.parametrize("steps", [1, 2, 3])
 def test_tokens_per_verify_match_expected_tokens_of_class(klass: str, steps: int) -> None:

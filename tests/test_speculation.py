@@ -8,7 +8,12 @@ from hypothesis import strategies as st
 
 from specroute.bench.workload import Sampling
 from specroute.emulator.profiles import sampling_class
-from specroute.speculation import alpha_from_accept_length, expected_tokens, is_greedy
+from specroute.speculation import (
+    alpha_from_accept_length,
+    expected_tokens,
+    expected_tokens_of_rates,
+    is_greedy,
+)
 
 
 @given(alpha=st.floats(0.0, 0.999), steps=st.integers(0, 8))
@@ -61,3 +66,10 @@ def test_emulator_and_bench_agree_with_sglang_on_greedy(temperature: float) -> N
     expected = temperature < 1e-6
     assert (sampling_class(temperature) == "greedy") is expected
     assert Sampling(temperature=temperature).greedy is expected
+
+
+def test_per_position_e_k_equals_the_constant_rate_form_and_falls_with_a_weak_position() -> None:
+    assert expected_tokens_of_rates([0.6] * 3) == pytest.approx(expected_tokens(0.6, 3))
+    assert expected_tokens_of_rates([]) == 1.0
+    # A rejected second draft caps the run: 1 + 0.9 + 0.9*0 + 0.
+    assert expected_tokens_of_rates([0.9, 0.0, 0.9]) == pytest.approx(1.9)

@@ -12,7 +12,7 @@ import math
 
 import msgspec
 
-from specroute.speculation import is_greedy
+from specroute.speculation import expected_tokens_of_rates, is_greedy
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -109,11 +109,7 @@ class Profile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
     def expected_tokens(self, klass: str, steps: int) -> float:
         """E_k: tokens per verify, `1 + a1 + a1*a2 + ...` for the class mean."""
-        total, run = 1.0, 1.0
-        for a in self.rates(klass, steps):
-            run *= a
-            total += run
-        return total
+        return expected_tokens_of_rates(self.rates(klass, steps))
 
 
 SEED_QWEN35_122B = Profile(
