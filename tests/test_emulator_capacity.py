@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,8 +17,8 @@ import msgspec
 import pytest
 from emulator_support import wait_for
 from litestar.testing import TestClient
-from servers import free_port
 
+from specroute.children import free_port, spawn, stop, wait_ready_sync
 from specroute.emulator import EmulatorOptions, Engine, command, get_profile
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveSteps
 from specroute.emulator.adaptive_config import (
@@ -240,35 +239,27 @@ def test_health_and_ready_answer_503_while_warming_up_then_200() -> None:
         assert client.get("/health").status_code == 200
 
 
-def _connects(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
 def test_port_stays_closed_while_loading_for_the_scaled_time() -> None:
     port = free_port()
     argv = ["emulate", "--steps", "1", "--startup-s", "20", "--time-scale", "10"]
-    process = subprocess.Popen(
+    process = spawn(
         [sys.executable, "-m", "specroute", *argv, "--port", str(port)],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={"PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         assert process.stderr is not None
-        while "emulator_starting" not in (line := process.stderr.readline()):
+        while b"emulator_starting" not in (line := process.stderr.readline()):
             assert line, "the emulator exited before starting"
         loading = time.monotonic()
-        wait_for(lambda: _connects(port), timeout=15)  # 20 s unscaled would time out
+        url = f"http://127.0.0.1:{port}"
+        # 20 s unscaled would pass the deadline.
+        wait_ready_sync(url, process=process, within=15, connect_only=True)
         assert time.monotonic() - loading >= 1.9  # (20 - 1) / 10 s with the port closed
-        wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200)
+        wait_ready_sync(url + "/ready", process=process, within=15)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        stop(process)
 
 
 def test_fleet_passes_capacity_adaptive_config_and_startup_through() -> None:
