@@ -1,0 +1,35 @@
+"""The depth planner: which speculative depth each server should run as load shifts, and when
+a restart pays. Pure: the caller passes time, the pool's servers and the estimators."""
+
+from specroute.planner.forecast import (
+    DepthEstimate,
+    Estimates,
+    Forecast,
+    Objective,
+    ServerForecast,
+    Setting,
+    Tier,
+    forecast,
+    user_counts,
+)
+from specroute.planner.plan import Change, Plan, Planner, PlannerOptions, ServerState
+from specroute.planner.regime import Regime, RegimeTracker
+
+__all__ = [
+    "Change",
+    "DepthEstimate",
+    "Estimates",
+    "Forecast",
+    "Objective",
+    "Plan",
+    "Planner",
+    "PlannerOptions",
+    "Regime",
+    "RegimeTracker",
+    "ServerForecast",
+    "ServerState",
+    "Setting",
+    "Tier",
+    "forecast",
+    "user_counts",
+]

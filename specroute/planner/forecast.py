@@ -1,0 +1,292 @@
+"""What a depth assignment would give a load regime: each server's running requests, tok/s and
+per-request speed, from the estimated E_k per class, T(b, k) and R(k) per depth.
+
+Users are placed one at a time where the routing policy would send them (largest gain in pool
+tok/s, fastest speed for `latency`), so a forecast of a mixed pool credits class sorting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from specroute.policies import ClassEstimate
+from specroute.speculation import PRIOR_ALPHA, alpha_from_accept_length, expected_tokens
+
+__all__ = [
+    "DepthEstimate",
+    "Estimates",
+    "Forecast",
+    "Objective",
+    "Physics",
+    "ServerForecast",
+    "Setting",
+    "Tier",
+    "forecast",
+    "user_counts",
+]
+
+Objective = Literal["throughput", "latency", "goodput"]
+Tier = tuple[int, tuple[int, ...]]
+"""(smallest batch size of the tier, candidate depths): SGLang's adaptive configuration."""
+
+
+class Setting(msgspec.Struct, frozen=True, kw_only=True):
+    """A server's speculative configuration: `steps` fixed, or SGLang-adaptive over `tiers`
+    (started at `steps`, memory sized for the deepest candidate)."""
+
+    steps: int
+    tiers: tuple[Tier, ...] = ()
+
+    @property
+    def deepest(self) -> int:
+        """The depth that sizes its memory, so its running capacity."""
+        return max([self.steps, *(k for _, ks in self.tiers for k in ks)])
+
+    @property
+    def label(self) -> str:
+        return f"adaptive<={self.deepest}" if self.tiers else f"k{self.steps}"
+
+
+class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
+    """What is known of one depth: R(k) and `T(b) = intercept_s + per_token_s * b * (k + 1)`."""
+
+    steps: int
+    capacity: int
+    intercept_s: float
+    per_token_s: float
+
+    def iteration_time(self, batch: float) -> float:
+        return self.intercept_s + self.per_token_s * batch * (self.steps + 1)
+
+
+class Estimates(msgspec.Struct, frozen=True, kw_only=True):
+    """The estimators the planner reads: every depth it may assign, acceptance per class."""
+
+    depths: dict[int, DepthEstimate]
+    classes: dict[str, ClassEstimate] = msgspec.field(default_factory=dict)
+    prior_alpha: float = PRIOR_ALPHA
+
+    def accept_length(self, klass: str, steps: int) -> float:
+        """E_k for `klass`: measured at that depth if seen; past the deepest seen depth, its last
+        position's acceptance repeats; else from the class's alpha (the prior's if unseen)."""
+        if steps <= 0:
+            return 1.0
+        est = self.classes.get(klass)
+        if est is None:
+            return expected_tokens(self.prior_alpha, steps)
+        seen = est.accept_length
+        if steps in seen:
+            return seen[steps]
+        deeper = [d for d in seen if d > steps]
+        if deeper:
+            d = min(deeper)
+            return expected_tokens(alpha_from_accept_length(seen[d], d), steps)
+        if not seen:
+            return expected_tokens(est.alpha, steps)
+        return _extrapolate(seen, max(seen), steps)
+
+
+def _extrapolate(seen: Mapping[int, float], d: int, steps: int) -> float:
+    """E_steps from E_d: the last step's increment times the last position's acceptance, again."""
+    lengths = {0: 1.0, **seen}
+    if d - 1 not in lengths:
+        return expected_tokens(alpha_from_accept_length(lengths[d], d), steps)
+    last = lengths[d] - lengths[d - 1]
+    before = lengths[d - 1] - lengths[d - 2] if d - 2 in lengths else None
+    rate = alpha_from_accept_length(lengths[d], d) if not before else last / before
+    rate = min(1.0, max(0.0, rate))
+    total, term = lengths[d], last
+    for _ in range(steps - d):
+        term *= rate
+        total += term
+    return total
+
+
+class ServerForecast(msgspec.Struct, frozen=True, kw_only=True):
+    setting: str
+    steps: int
+    """The depth it runs at under this load (an adaptive server's chosen tier depth)."""
+    running: int
+    tok_s: float
+    per_request_tok_s: float
+
+
+class Forecast(msgspec.Struct, frozen=True, kw_only=True):
+    """Predicted steady state of one assignment; `value` is the objective's figure."""
+
+    settings: tuple[str, ...]
+    tok_s: float
+    per_request_tok_s: float
+    queued: int
+    value: float
+    servers: tuple[ServerForecast, ...]
+
+
+class Physics:
+    """E_k per class and T(b, k) per depth, looked up once per plan: every forecast of a plan
+    reads the same estimates."""
+
+    def __init__(self, est: Estimates) -> None:
+        self.est = est
+        self.depths = est.depths
+        self._e: dict[tuple[str, int], float] = {}
+
+    def e(self, klass: str, steps: int) -> float:
+        key = (klass, steps)
+        value = self._e.get(key)
+        if value is None:
+            value = self._e[key] = self.est.accept_length(klass, steps)
+        return value
+
+    def time(self, steps: int, batch: int) -> float:
+        return self.depths[steps].iteration_time(batch)
+
+
+class _Server:
+    """One server while users are placed: its class counts and what they yield."""
+
+    __slots__ = ("capacity", "counts", "phys", "running", "setting", "tok_s")
+
+    def __init__(self, setting: Setting, phys: Physics) -> None:
+        self.setting = setting
+        self.phys = phys
+        self.capacity = phys.depths[setting.deepest].capacity
+        self.counts: dict[str, int] = {}
+        self.running = 0
+        self.tok_s = 0.0
+
+    def depth(self, counts: Mapping[str, int], batch: int) -> int:
+        """The depth at `batch` running: fixed, or where SGLang's tier rule settles (step
+        down while accepted drafts per verify are at most the lower depth - 0.5, up while
+        they exceed this depth - 0.5), from the tier's deepest candidate."""
+        s = self.setting
+        if not s.tiers or batch <= 0:
+            return s.steps
+        tier = sorted(s.tiers[0][1])
+        for smallest, candidates in s.tiers:
+            if batch >= smallest:
+                tier = sorted(candidates)
+        i = len(tier) - 1
+        e = self.phys.e
+        while i > 0:
+            accepted = sum(n * e(c, tier[i]) for c, n in counts.items()) / batch - 1
+            if accepted > (0.5 if tier[i - 1] == 0 else tier[i - 1] - 0.5):
+                break
+            i -= 1
+        return tier[i]
+
+    def rates(self, counts: Mapping[str, int]) -> tuple[int, float, dict[str, float]]:
+        """(depth, tok/s, per-request speed by class) with `counts` running."""
+        batch = sum(counts.values())
+        k = self.depth(counts, batch)
+        t = self.phys.time(k, batch)
+        speeds = {c: self.phys.e(c, k) / t for c in counts}
+        return k, sum(n * speeds[c] for c, n in counts.items()), speeds
+
+    def joined(self, klass: str) -> dict[str, int]:
+        counts = dict(self.counts)
+        counts[klass] = counts.get(klass, 0) + 1
+        return counts
+
+    def score(self, klass: str, objective: Objective, floor: float) -> float | None:
+        """What one more `klass` user here scores: the gain in tok/s, or its own speed for
+        `latency`; None for `goodput` when a request here would fall under the floor."""
+        _, tok_s, speeds = self.rates(self.joined(klass))
+        if objective == "latency":
+            return speeds[klass]
+        if objective == "goodput" and min(speeds.values()) < floor:
+            return None
+        return tok_s - self.tok_s
+
+    def join(self, klass: str) -> None:
+        self.counts = self.joined(klass)
+        self.running += 1
+        self.tok_s = self.rates(self.counts)[1]
+
+
+def user_counts(concurrency: float, shares: Mapping[str, float]) -> dict[str, int]:
+    """Whole users per class for `concurrency` users split by `shares` (largest remainder)."""
+    users = round(concurrency)
+    total = sum(shares.values())
+    if users <= 0 or total <= 0:
+        return {}
+    exact = {c: users * s / total for c, s in sorted(shares.items())}
+    counts = {c: int(x) for c, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda c: counts[c] - exact[c])
+    for c in by_remainder[: users - sum(counts.values())]:
+        counts[c] += 1
+    return {c: n for c, n in counts.items() if n > 0}
+
+
+def _order(counts: Mapping[str, int]) -> list[str]:
+    """Users' classes interleaved in proportion, as they would arrive."""
+    spots = [((j + 0.5) / n, c) for c, n in counts.items() for j in range(n)]
+    return [c for _, c in sorted(spots)]
+
+
+def _place(servers: list[_Server], klass: str, objective: Objective, floor: float) -> bool:
+    """Send one user where the policy would; False when every server is full."""
+    best: _Server | None = None
+    best_score = -math.inf
+    fallback: list[_Server] = []
+    for server in servers:
+        if server.running >= server.capacity:
+            continue
+        fallback.append(server)
+        score = server.score(klass, objective, floor)
+        if score is not None and score > best_score:
+            best, best_score = server, score
+    if best is None and fallback:
+        # goodput with no server keeping the floor: the fastest, as the policy does
+        best = max(fallback, key=lambda s: s.score(klass, "latency", floor) or 0.0)
+    if best is None:
+        return False
+    best.join(klass)
+    return True
+
+
+def forecast(
+    settings: Sequence[Setting],
+    users: Mapping[str, int],
+    est: Estimates | Physics,
+    objective: Objective = "throughput",
+    floor_tok_s: float = 0.0,
+) -> Forecast:
+    """The steady state of `users` (closed-loop users per class) on servers at `settings`."""
+    phys = est if isinstance(est, Physics) else Physics(est)
+    servers = [_Server(s, phys) for s in settings]
+    queued = sum(1 for c in _order(users) if not _place(servers, c, objective, floor_tok_s))
+    out: list[ServerForecast] = []
+    tok_s = good = 0.0
+    for server in servers:
+        k, thr, speeds = server.rates(server.counts) if server.counts else (0, 0.0, {})
+        good += sum(n * v for c, n in server.counts.items() if (v := speeds[c]) >= floor_tok_s)
+        tok_s += thr
+        out.append(
+            ServerForecast(
+                setting=server.setting.label,
+                steps=k if server.counts else server.setting.steps,
+                running=server.running,
+                tok_s=thr,
+                per_request_tok_s=thr / server.running if server.running else 0.0,
+            )
+        )
+    running = sum(s.running for s in servers)
+    # Closed-loop users: the mean user's speed, queue wait included, is tok/s over users.
+    values = {
+        "throughput": tok_s,
+        "latency": tok_s / (running + queued) if running + queued else 0.0,
+        "goodput": good,
+    }
+    return Forecast(
+        settings=tuple(s.label for s in settings),
+        tok_s=tok_s,
+        per_request_tok_s=tok_s / running if running else 0.0,
+        queued=queued,
+        value=values[objective],
+        servers=tuple(out),
+    )

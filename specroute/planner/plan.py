@@ -1,0 +1,356 @@
+"""The depth planner: which depth each server should run for the load regime, and whether
+restarting one pays. A pure state machine like the circuit breaker: the caller passes `now`,
+the pool's servers and the estimators; the plan says what to restart and why, in numbers."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from specroute.planner.forecast import (
+    Estimates,
+    Forecast,
+    Objective,
+    Physics,
+    Setting,
+    Tier,
+    forecast,
+    user_counts,
+)
+from specroute.planner.regime import Regime, RegimeTracker
+
+__all__ = ["Change", "Plan", "Planner", "PlannerOptions", "ServerState"]
+
+ServerPhase = Literal["serving", "draining", "starting"]
+
+
+class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """objective and floor_tok_s: as the `throughput` policy's. A change must gain `min_gain`
+    (a fraction of the objective) and its gain over the regime's expected rest must exceed
+    `margin` times the objective lost while it restarts. `adaptive`: SGLang adaptive
+    configurations (tiers) that may be assigned besides the fixed depths 0..max_steps."""
+
+    objective: Objective = "throughput"
+    floor_tok_s: float = 0.0
+    max_steps: int = 7
+    adaptive: tuple[tuple[Tier, ...], ...] = ()
+    margin: float = 1.5
+    min_gain: float = 0.03
+    min_dwell_s: float = 900.0
+    max_unavailable: int = 1
+    settle_s: float = 120.0
+    """A regime younger than this is not acted on (longer than a restart takes)."""
+    confirm_s: float = 30.0
+    """A proposal must stand this long, plan after plan, before its first restart: the
+    estimators' noise (acceptance follows the last few thousand verifies) does not restart."""
+    drain_s: float = 30.0
+    """Expected drain time before a restart, counted before the gain arrives."""
+    overcommit: float = 2.0
+    """A server's admission limit as a multiple of its capacity, when it did not say."""
+    peak_concurrency: float | None = None
+    """Load the pool must stay reconfigurable under (else: the highest seen)."""
+    regime_prior_s: float = 1800.0
+    regime_prior_weight: float = 1.0
+    band: float = 1.5
+    mix_shift: float = 0.25
+    window_s: float = 60.0
+    """Load is averaged over this window to tell regimes apart."""
+
+    def __post_init__(self) -> None:
+        if self.max_unavailable < 1 or self.max_steps < 0:
+            raise ValueError("max_unavailable must be >= 1 and max_steps >= 0")
+        if self.margin < 0 or self.min_gain < 0 or self.band <= 1:
+            raise ValueError("margin and min_gain must be >= 0, band > 1")
+
+
+class ServerState(msgspec.Struct, frozen=True, kw_only=True):
+    """One server as the actuator reports it. A server draining or starting carries the
+    setting it is restarting into; `changed_at` is when its depth last changed."""
+
+    name: str
+    setting: Setting
+    startup_s: float
+    state: ServerPhase = "serving"
+    limit: int | None = None
+    """Its admission limit (None: `overcommit` x its capacity at its setting)."""
+    changed_at: float | None = None
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    server: str
+    before: Setting
+    after: Setting
+    cost_tokens: float
+    """Objective lost while it drains and restarts (its tok/s less what the others absorb)."""
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the planner compared and decided; rendered as JSON for `GET /plan`."""
+
+    at: float
+    verdict: str
+    """`reconfigure` or `hold: <why>`."""
+    reason: str
+    regime: Regime
+    current: Forecast
+    proposed: Forecast | None = None
+    gain: float = 0.0
+    """Proposed minus current objective (tok/s; mean tok/s per user for `latency`)."""
+    gain_tokens: float = 0.0
+    """The gain over the regime's expected rest, after the restarts."""
+    restart_cost_tokens: float = 0.0
+    changes: tuple[Change, ...] = ()
+    """Every change the proposal needs."""
+    start: tuple[Change, ...] = ()
+    """The changes to begin now."""
+
+
+class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
+    settings: tuple[Setting, ...]
+    forecast: Forecast
+    changes: tuple[Change, ...]
+    gain_tokens: float
+    cost: float
+
+    def rank(self) -> tuple[float, int]:
+        """Net tokens first; between equals, fewer restarts."""
+        return (self.gain_tokens - self.cost, -len(self.changes))
+
+
+class Planner:
+    """Learns the load's regimes from `observe` and proposes depth changes from `plan`."""
+
+    def __init__(self, options: PlannerOptions | None = None) -> None:
+        self.options = o = options or PlannerOptions()
+        self.regimes = RegimeTracker(
+            band=o.band,
+            mix_shift=o.mix_shift,
+            window_s=o.window_s,
+            prior_s=o.regime_prior_s,
+            prior_weight=o.regime_prior_weight,
+        )
+        self._proposal: tuple[tuple[Setting, ...], float] | None = None
+        """The target last proposed and since when, for `confirm_s`."""
+        fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
+        adaptive = [Setting(steps=max(k for _, ks in t for k in ks), tiers=t) for t in o.adaptive]
+        self.choices = (*fixed, *adaptive)
+
+    def observe(self, now: float, in_flight: Mapping[str, float], queued: float = 0.0) -> None:
+        """One sample of the traffic: requests in flight per class, plus those queued."""
+        total = sum(in_flight.values())
+        scale = (total + queued) / total if total > 0 else 1.0
+        self.regimes.observe(now, {c: n * scale for c, n in in_flight.items()})
+
+    def plan(self, now: float, servers: Sequence[ServerState], est: Estimates) -> Plan:
+        """The best assignment for the regime, and the restarts to begin now, if any pay."""
+        o = self.options
+        regime = self.regimes.view(now)
+        users = user_counts(regime.concurrency, regime.shares)
+        phys = Physics(est)
+        now_fc = self._forecast([s.setting for s in servers], users, phys)
+        why = _unsettled(regime, o.settle_s, users)
+        if why:
+            self._proposal = None
+            return Plan(at=now, verdict="hold: regime not settled", reason=why, regime=regime,
+                        current=now_fc)  # fmt: skip
+        best, gaining = self._search(servers, users, phys, now_fc, regime)
+        standing = self._confirm(now, best)
+        shown = best or gaining
+        if shown is None:
+            return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
+                        current=now_fc, reason=f"no assignment gains {o.min_gain:.0%}")  # fmt: skip
+        reason = _numbers(now_fc, shown, regime)
+        start: tuple[Change, ...] = ()
+        if best is None:
+            verdict = "hold: does not pay"
+        elif standing < o.confirm_s:
+            verdict = f"hold: proposed {standing:.0f}s ago, confirming for {o.confirm_s:.0f}s"
+        else:
+            start, blocked = self._startable(now, servers, best, regime, phys)
+            verdict = "reconfigure" if start else f"hold: {blocked}"
+        return Plan(
+            at=now, verdict=verdict, reason=reason, regime=regime, current=now_fc,
+            proposed=shown.forecast, gain=shown.forecast.value - now_fc.value,
+            gain_tokens=shown.gain_tokens, restart_cost_tokens=shown.cost,
+            changes=shown.changes, start=start,
+        )  # fmt: skip
+
+    def _confirm(self, now: float, best: _Candidate | None) -> float:
+        """How long the same target has been the paying proposal (0 when it is new)."""
+        if best is None:
+            self._proposal = None
+            return 0.0
+        if self._proposal is None or self._proposal[0] != best.settings:
+            self._proposal = (best.settings, now)
+        return now - self._proposal[1]
+
+    def _forecast(
+        self, settings: Sequence[Setting], users: Mapping[str, int], phys: Physics
+    ) -> Forecast:
+        return forecast(settings, users, phys, self.options.objective, self.options.floor_tok_s)
+
+    def _search(
+        self,
+        servers: Sequence[ServerState],
+        users: Mapping[str, int],
+        phys: Physics,
+        now_fc: Forecast,
+        regime: Regime,
+    ) -> tuple[_Candidate | None, _Candidate | None]:
+        """(best paying candidate, best one that gains at all) over every multiset of settings."""
+        o = self.options
+        current = tuple(s.setting for s in servers)
+        choices = [c for c in self.choices if c.deepest in phys.depths]
+        peak = max(o.peak_concurrency or 0.0, regime.peak_concurrency)
+        lost = [self._loss(servers, i, users, phys, now_fc) for i in range(len(servers))]
+        best: _Candidate | None = None
+        gaining: _Candidate | None = None
+        for combo in itertools.combinations_with_replacement(choices, len(servers)):
+            settings = _assign(current, combo)
+            if settings == current or not self._escapable(settings, phys, peak):
+                continue
+            fc = self._forecast(settings, users, phys)
+            if fc.value - now_fc.value <= max(0.0, o.min_gain * now_fc.value):
+                continue
+            cand = self._candidate(servers, settings, fc, lost, now_fc, regime)
+            if gaining is None or cand.rank() > gaining.rank():
+                gaining = cand
+            pays = cand.gain_tokens > o.margin * cand.cost
+            if pays and (best is None or cand.rank() > best.rank()):
+                best = cand
+        return best, gaining
+
+    def _loss(
+        self,
+        servers: Sequence[ServerState],
+        i: int,
+        users: Mapping[str, int],
+        phys: Physics,
+        now_fc: Forecast,
+    ) -> float:
+        """Objective lost per second while server `i` is away: what it yields now, less what
+        the others absorb of its load."""
+        rest = [s.setting for j, s in enumerate(servers) if j != i]
+        return max(0.0, now_fc.value - self._forecast(rest, users, phys).value)
+
+    def _candidate(
+        self,
+        servers: Sequence[ServerState],
+        settings: tuple[Setting, ...],
+        fc: Forecast,
+        lost: Sequence[float],
+        now_fc: Forecast,
+        regime: Regime,
+    ) -> _Candidate:
+        """A target's changes (cheapest first), its restart cost and its gain once they are
+        done: restarts go `max_unavailable` at a time, each a drain plus a start-up."""
+        o = self.options
+        changes = sorted(
+            (
+                Change(server=server.name, before=server.setting, after=after,
+                       cost_tokens=lost[i] * (server.startup_s + o.drain_s))
+                for i, (server, after) in enumerate(zip(servers, settings, strict=True))
+                if after != server.setting
+            ),
+            key=lambda c: c.cost_tokens,
+        )  # fmt: skip
+        restart_s = max(s.startup_s for s in servers) + o.drain_s
+        rounds = math.ceil(len(changes) / o.max_unavailable)
+        useful_s = max(0.0, regime.expected_remaining_s - rounds * restart_s)
+        return _Candidate(
+            settings=settings,
+            forecast=fc,
+            changes=tuple(changes),
+            gain_tokens=(fc.value - now_fc.value) * useful_s,
+            cost=sum(c.cost_tokens for c in changes),
+        )
+
+    def _escapable(self, settings: Sequence[Setting], phys: Physics, peak: float) -> bool:
+        """Could one server of `settings` still be restarted at the peak load? A pool that
+        cannot is stuck there under the capacity floor of `_startable`."""
+        if len(settings) < 2:
+            return True
+        limits = [self.options.overcommit * phys.depths[s.deepest].capacity for s in settings]
+        return sum(limits) - min(limits) >= peak
+
+    def _startable(
+        self,
+        now: float,
+        servers: Sequence[ServerState],
+        cand: _Candidate,
+        regime: Regime,
+        phys: Physics,
+    ) -> tuple[tuple[Change, ...], str]:
+        """The changes that may begin now (dwell, max_unavailable, capacity floor: the other
+        serving servers' admission limits hold the current concurrency), and why others wait."""
+        o = self.options
+        by_name = {s.name: s for s in servers}
+        busy = sum(1 for s in servers if s.state != "serving")
+        start: list[Change] = []
+        why = ""
+        for change in cand.changes:
+            server = by_name[change.server]
+            if busy + len(start) >= o.max_unavailable:
+                why = why or f"max_unavailable {o.max_unavailable} reached"
+                break
+            if server.state != "serving":
+                continue
+            if server.changed_at is not None and now - server.changed_at < o.min_dwell_s:
+                why = why or f"{server.name} changed {now - server.changed_at:.0f}s ago, in dwell"
+                continue
+            leaving = {server.name, *(c.server for c in start)}
+            room = sum(
+                self._limit(s, phys)
+                for s in servers
+                if s.state == "serving" and s.name not in leaving
+            )
+            if regime.concurrency > room:
+                why = (
+                    why or f"capacity floor: the others hold {room:.0f} < {regime.concurrency:.0f}"
+                )
+                continue
+            start.append(change)
+        return tuple(start), why
+
+    def _limit(self, server: ServerState, phys: Physics) -> float:
+        if server.limit is not None:
+            return float(server.limit)
+        return self.options.overcommit * phys.depths[server.setting.deepest].capacity
+
+
+def _unsettled(regime: Regime, settle_s: float, users: Mapping[str, int]) -> str:
+    """Why the regime is not one to act on yet ("" when it is)."""
+    if not users:
+        return "idle"
+    if regime.elapsed_s < settle_s:
+        return f"regime {regime.elapsed_s:.0f}s old < {settle_s:.0f}s"
+    if not regime.steady:
+        return f"load moving away from {regime.concurrency:.1f}"
+    return ""
+
+
+def _assign(current: tuple[Setting, ...], combo: tuple[Setting, ...]) -> tuple[Setting, ...]:
+    """`combo` mapped onto the servers with the fewest changes: a server whose setting is in
+    the combo keeps it; the rest take what is left, in order."""
+    left = list(combo)
+    kept: list[Setting | None] = []
+    for s in current:
+        if s in left:
+            left.remove(s)
+            kept.append(s)
+        else:
+            kept.append(None)
+    fill = iter(left)
+    return tuple(s if s is not None else next(fill) for s in kept)
+
+
+def _numbers(now_fc: Forecast, c: _Candidate, regime: Regime) -> str:
+    return (
+        f"{'/'.join(now_fc.settings)} {now_fc.value:.0f} -> {'/'.join(c.forecast.settings)} "
+        f"{c.forecast.value:.0f} at {regime.concurrency:.1f} users: gain {c.gain_tokens:.0f} "
+        f"over {regime.expected_remaining_s:.0f}s vs restart cost {c.cost:.0f}"
+    )

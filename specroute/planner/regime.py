@@ -1,0 +1,127 @@
+"""Load regimes: smoothed concurrency and class mix, when they leave a band, how long regimes
+last, and how long the current one is expected to go on. Pure; time is an argument."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+
+import msgspec
+
+__all__ = ["Regime", "RegimeTracker"]
+
+_SMALL = 2.0
+"""Added to concurrency before comparing levels, so 1 -> 2 users is not a new regime."""
+
+
+class Regime(msgspec.Struct, frozen=True, kw_only=True):
+    """The load regime now: smoothed concurrency (queued requests included) and class shares."""
+
+    concurrency: float
+    shares: dict[str, float]
+    started_at: float
+    elapsed_s: float
+    expected_remaining_s: float
+    regimes_seen: int
+    """Regimes that ended, whose lengths teach `expected_remaining_s`."""
+    peak_concurrency: float
+    steady: bool
+    """Load is not moving: the band has not moved for a window and the latest sample lies in it."""
+
+
+class RegimeTracker:
+    """Load as a mean over the last `window_s` of samples (taken at a steady pace); a regime
+    ends when that concurrency leaves `band` (a ratio) around the regime's level or the class
+    mix moves by `mix_shift` (total variation). The band then moves to the new level; when it
+    had moved less than a window before, load is still on its way (a ramp) and no regime ends.
+    Expected remaining time is the mean residual of the past regimes that outlasted the
+    current one's age, with `prior_s` counted `prior_weight` times."""
+
+    def __init__(
+        self,
+        *,
+        band: float = 1.5,
+        mix_shift: float = 0.25,
+        window_s: float = 60.0,
+        prior_s: float = 1800.0,
+        prior_weight: float = 1.0,
+        history: int = 64,
+    ) -> None:
+        self.band = band
+        self.mix_shift = mix_shift
+        self.window_s = window_s
+        self.prior_s = prior_s
+        self.prior_weight = prior_weight
+        self.durations: deque[float] = deque(maxlen=history)
+        self.level = 0.0
+        self.shares: dict[str, float] = {}
+        self.peak = 0.0
+        self.latest = 0.0
+        self._samples: deque[tuple[float, Mapping[str, float]]] = deque()
+        self._sums: dict[str, float] = {}
+        self._start: float | None = None
+        self._moved = 0.0
+        self._ref_level = 0.0
+        self._ref_shares: dict[str, float] = {}
+
+    def observe(self, now: float, by_class: Mapping[str, float]) -> None:
+        """One sample of the requests in flight or queued, per workload class."""
+        self._slide(now, by_class)
+        if self._start is None:
+            self._start = self._moved = now
+            self._ref_level, self._ref_shares = self.level, dict(self.shares)
+            return
+        self.peak = max(self.peak, self.level)
+        if self._left():
+            if now - self._moved >= self.window_s:
+                self.durations.append(now - self._start)
+                self._start = now
+            self._moved = now
+            self._ref_level, self._ref_shares = self.level, dict(self.shares)
+
+    def _slide(self, now: float, by_class: Mapping[str, float]) -> None:
+        """Add the sample, drop those older than the window, refresh level and shares."""
+        sample = {c: float(n) for c, n in by_class.items() if n > 0}
+        self.latest = sum(sample.values())
+        self._samples.append((now, sample))
+        for c, n in sample.items():
+            self._sums[c] = self._sums.get(c, 0.0) + n
+        while self._samples[0][0] <= now - self.window_s:
+            for c, n in self._samples.popleft()[1].items():
+                self._sums[c] -= n
+        total = sum(self._sums.values())
+        self.level = total / len(self._samples)
+        if total > 1e-9:
+            self.shares = {c: n / total for c, n in self._sums.items() if n > 1e-9}
+
+    def _outside(self, level: float, ref: float) -> bool:
+        ratio = (level + _SMALL) / (ref + _SMALL)
+        return ratio > self.band or ratio < 1.0 / self.band
+
+    def _left(self) -> bool:
+        if self._outside(self.level, self._ref_level):
+            return True
+        keys = set(self.shares) | set(self._ref_shares)
+        shift = 0.5 * sum(abs(self.shares.get(c, 0.0) - self._ref_shares.get(c, 0.0)) for c in keys)
+        return shift > self.mix_shift
+
+    def expected_remaining(self, now: float) -> float:
+        """Mean residual life of the current regime at its age, learned with a prior."""
+        age = now - (self._start if self._start is not None else now)
+        residuals = [d - age for d in self.durations if d > age]
+        return (self.prior_weight * self.prior_s + sum(residuals)) / (
+            self.prior_weight + len(residuals)
+        )
+
+    def view(self, now: float) -> Regime:
+        return Regime(
+            concurrency=self.level,
+            shares=dict(sorted(self.shares.items())),
+            started_at=now if self._start is None else self._start,
+            elapsed_s=0.0 if self._start is None else now - self._start,
+            expected_remaining_s=self.expected_remaining(now),
+            regimes_seen=len(self.durations),
+            peak_concurrency=self.peak,
+            steady=now - self._moved >= self.window_s
+            and not self._outside(self.latest, self.level),
+        )

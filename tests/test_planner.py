@@ -1,0 +1,244 @@
+"""The depth planner on hand-built pools and traffic: when a restart pays, and every rule that
+holds one back (short regime, capacity floor, dwell, max_unavailable, hysteresis)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from specroute.planner import (
+    DepthEstimate,
+    Estimates,
+    Planner,
+    PlannerOptions,
+    RegimeTracker,
+    ServerState,
+    Setting,
+    forecast,
+    user_counts,
+)
+from specroute.policies import ClassEstimate
+from specroute.speculation import expected_tokens
+
+GREEDY, SAMPLED = "m:greedy", "m:sampled"
+
+
+def estimates(per_token_s: float = 0.0004) -> Estimates:
+    """Drafts nearly free at small batches, capacity shrinking with depth, greedy acceptance
+    high and sampled low: deep wins alone, shallow wins crowded."""
+    depths = {
+        k: DepthEstimate(
+            steps=k, capacity=100 // (3 + k), intercept_s=0.02, per_token_s=per_token_s
+        )
+        for k in range(8)
+    }
+    classes = {
+        GREEDY: ClassEstimate(alpha=0.95, accept_length={1: expected_tokens(0.95, 1)}),
+        SAMPLED: ClassEstimate(alpha=0.5, accept_length={1: expected_tokens(0.5, 1)}),
+    }
+    return Estimates(depths=depths, classes=classes)
+
+
+def pool(*steps: int, startup_s: float = 60.0, **fields: object) -> list[ServerState]:
+    est = estimates()
+    return [
+        ServerState(name=f"b{i}", setting=Setting(steps=k), startup_s=startup_s,
+                    limit=2 * est.depths[k].capacity, **fields)  # type: ignore[arg-type]
+        for i, k in enumerate(steps)
+    ]  # fmt: skip
+
+
+def planner_after(
+    samples: list[tuple[float, dict[str, float]]], **options: object
+) -> tuple[Planner, float]:
+    """A planner that has seen `samples` of (duration, users per class) back to back, sampled
+    every 2 s; returns it and the time of its last sample."""
+    planner = Planner(PlannerOptions(**{"confirm_s": 0.0, **options}))  # type: ignore[arg-type]
+    now = 0.0
+    for duration, users in samples:
+        end = now + duration
+        while now < end:
+            planner.observe(now, users)
+            now += 2.0
+    return planner, now - 2.0
+
+
+QUIET = (600.0, {GREEDY: 2.0})
+CROWDED = (600.0, {SAMPLED: 60.0})
+
+
+def test_a_quiet_greedy_regime_pays_for_deep_drafts_on_an_idle_server() -> None:
+    planner, now = planner_after([QUIET])
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert plan.verdict == "reconfigure"
+    assert len(plan.start) == 1
+    assert plan.start[0].after.steps > 1
+    assert plan.proposed is not None and plan.proposed.tok_s > plan.current.tok_s
+    assert plan.gain_tokens > plan.restart_cost_tokens
+    # The reason names the numbers it compared; the plan renders as JSON for GET /plan.
+    assert f"{plan.current.tok_s:.0f} ->" in plan.reason
+    doc = msgspec.json.decode(msgspec.json.encode(plan))
+    assert doc["verdict"] == "reconfigure" and doc["start"][0]["after"]["steps"] > 1
+
+
+def test_a_restart_does_not_pay_when_regimes_are_short() -> None:
+    # Regimes of 150 s seen again and again: at 130 s old, ~20 s are left, less than a restart.
+    swings = [(150.0, {SAMPLED: 30.0}), (150.0, {GREEDY: 2.0})] * 4
+    short, now = planner_after(swings[:-1] + [(130.0, {GREEDY: 2.0})], settle_s=60.0,
+                               regime_prior_s=60.0)  # fmt: skip
+    servers = pool(1, 1, 1)
+    plan = short.plan(now, servers, estimates())
+    assert plan.verdict == "hold: does not pay"
+    assert plan.regime.expected_remaining_s < servers[0].startup_s
+    assert plan.gain_tokens == 0.0
+    # The same load, long-lived, pays.
+    long, now = planner_after([(130.0, {GREEDY: 2.0})], settle_s=60.0)
+    assert long.plan(now, servers, estimates()).verdict == "reconfigure"
+
+
+def test_the_capacity_floor_holds_a_restart_the_others_cannot_carry() -> None:
+    # Deep servers (capacity 10, limit 20 each) crowded by 50 sampled users: shallow pays,
+    # but two servers hold 40 < 50.
+    planner, now = planner_after([(600.0, {SAMPLED: 50.0})])
+    plan = planner.plan(now, pool(7, 7, 7), estimates())
+    assert plan.proposed is not None and plan.proposed.tok_s > plan.current.tok_s
+    assert plan.verdict.startswith("hold: capacity floor")
+    assert plan.start == ()
+    # With room in the rest (limits of 40 each), the same change begins.
+    roomy = [msgspec.structs.replace(s, limit=40) for s in pool(7, 7, 7)]
+    assert planner.plan(now, roomy, estimates()).verdict == "reconfigure"
+
+
+def test_a_server_changed_within_the_dwell_time_is_not_changed_again() -> None:
+    planner, now = planner_after([QUIET])
+    recent = pool(1, 1, 1, changed_at=now - 100.0)
+    plan = planner.plan(now, recent, estimates())
+    assert plan.verdict.startswith("hold: ") and "dwell" in plan.verdict
+    assert plan.start == ()
+    settled = pool(1, 1, 1, changed_at=now - 1000.0)
+    assert planner.plan(now, settled, estimates()).verdict == "reconfigure"
+
+
+def test_no_more_than_max_unavailable_servers_restart_at_once() -> None:
+    planner, now = planner_after([CROWDED])
+    servers = pool(7, 7, 7)
+    servers = [msgspec.structs.replace(s, limit=200) for s in servers]
+    away = [msgspec.structs.replace(servers[0], state="starting", setting=Setting(steps=1)),
+            *servers[1:]]  # fmt: skip
+    plan = planner.plan(now, away, estimates())
+    assert len(plan.changes) >= 1
+    assert plan.verdict == "hold: max_unavailable 1 reached"
+    assert plan.start == ()
+    two, now = planner_after([CROWDED], max_unavailable=2)
+    plan = two.plan(now, away, estimates())
+    assert plan.verdict == "reconfigure"
+    assert len(plan.start) == 1
+
+
+def test_a_gain_inside_the_hysteresis_band_is_not_acted_on() -> None:
+    # Verifies cost enough that k = 7 beats k = 6 by under 3% for a lone greedy user.
+    small, costly = pool(6, 6, 6), estimates(per_token_s=0.005)
+    planner, now = planner_after([QUIET])
+    plan = planner.plan(now, small, costly)
+    assert plan.verdict == "hold: nothing gains enough"
+    eager, now = planner_after([QUIET], min_gain=0.0)
+    plan = eager.plan(now, small, costly)
+    assert plan.verdict == "reconfigure"
+    assert plan.proposed is not None
+    assert 0 < plan.proposed.value / plan.current.value - 1 < 0.03
+
+
+def test_a_proposal_must_stand_for_the_confirmation_time() -> None:
+    planner, now = planner_after([QUIET], confirm_s=30.0)
+    servers = pool(1, 1, 1)
+    assert planner.plan(now, servers, estimates()).verdict.startswith("hold: proposed 0s ago")
+    planner.observe(now + 20.0, {GREEDY: 2.0})
+    assert planner.plan(now + 20.0, servers, estimates()).verdict.startswith("hold: proposed")
+    planner.observe(now + 30.0, {GREEDY: 2.0})
+    assert planner.plan(now + 30.0, servers, estimates()).verdict == "reconfigure"
+
+
+def test_a_young_regime_is_not_acted_on() -> None:
+    planner, now = planner_after([(100.0, {GREEDY: 2.0})])
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert plan.verdict == "hold: regime not settled"
+    assert plan.start == ()
+
+
+def test_a_target_that_could_not_be_left_at_the_peak_is_not_proposed() -> None:
+    # Three quiet users run fastest on three deep servers (limit 20 each), but after 50 users
+    # were seen the pool keeps a server shallow enough that another can restart at that load.
+    three = (600.0, {GREEDY: 3.0})
+    unaware, now = planner_after([three])
+    deep = unaware.plan(now, pool(1, 1, 1), estimates())
+    assert deep.proposed is not None and deep.proposed.settings == ("k7", "k7", "k7")
+    planner, now = planner_after([(300.0, {SAMPLED: 50.0}), three])
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert plan.proposed is not None and plan.proposed.settings != deep.proposed.settings
+    limits = sorted(2 * estimates().depths[int(s[1:])].capacity for s in plan.proposed.settings)
+    assert sum(limits) - limits[0] >= 50
+    told, now = planner_after([three], peak_concurrency=50.0)
+    assert told.plan(now, pool(1, 1, 1), estimates()).proposed == plan.proposed
+
+
+def test_regime_lengths_teach_the_expected_remaining_time() -> None:
+    tracker = RegimeTracker(prior_s=1800.0, window_s=20.0)
+    now = 0.0
+    for users in [2.0, 40.0] * 5:  # regimes of 300 s
+        for _ in range(150):
+            tracker.observe(now, {GREEDY: users})
+            now += 2.0
+    durations = list(tracker.durations)
+    assert len(durations) == 9
+    assert all(abs(d - 300.0) < 25.0 for d in durations)
+    regime = tracker.view(now)
+    assert regime.concurrency == pytest.approx(40.0)
+    assert regime.expected_remaining_s < 400.0  # learned, well under the 1800 s prior
+
+
+def test_a_ramp_is_one_change_of_regime_not_many() -> None:
+    tracker = RegimeTracker(window_s=60.0)
+    now = 0.0
+    for _ in range(300):
+        tracker.observe(now, {GREEDY: 2.0})
+        now += 2.0
+    for step in range(30):  # 2 -> 64 users over one minute
+        tracker.observe(now, {GREEDY: 2.0 + 62.0 * step / 29})
+        now += 2.0
+    for _ in range(300):
+        tracker.observe(now, {GREEDY: 64.0})
+        now += 2.0
+    assert len(tracker.durations) == 1
+    assert tracker.view(now).steady
+
+
+def test_depths_past_the_deepest_seen_repeat_the_last_positions_acceptance() -> None:
+    # Accept lengths at 1..3 from per-position rates 0.8, 0.6, 0.4: position 4 and on, 0.4.
+    seen = {1: 1.8, 2: 1.8 + 0.48, 3: 1.8 + 0.48 + 0.192}
+    est = Estimates(depths={}, classes={SAMPLED: ClassEstimate(alpha=0.6, accept_length=seen)})
+    assert est.accept_length(SAMPLED, 3) == pytest.approx(seen[3])
+    assert est.accept_length(SAMPLED, 5) == pytest.approx(seen[3] + 0.192 * (0.4 + 0.16))
+    assert est.accept_length("unseen", 2) == pytest.approx(expected_tokens(0.7, 2))
+
+
+def test_forecast_places_users_where_the_policy_would_and_queues_past_capacity() -> None:
+    est = estimates()
+    quiet = forecast([Setting(steps=7), Setting(steps=1)], {GREEDY: 1}, est)
+    assert [s.running for s in quiet.servers] == [1, 0]
+    full = forecast([Setting(steps=7)], {SAMPLED: 15}, est)
+    assert full.servers[0].running == est.depths[7].capacity
+    assert full.queued == 15 - est.depths[7].capacity
+    assert user_counts(10.4, {GREEDY: 0.75, SAMPLED: 0.25}) == {GREEDY: 8, SAMPLED: 2}
+
+
+def test_an_adaptive_server_sizes_memory_for_its_deepest_candidate_and_follows_its_tier() -> None:
+    tiers = ((1, (1, 3, 5, 7)), (8, (0, 1, 3)))
+    adaptive = Setting(steps=3, tiers=tiers)
+    est = estimates()
+    alone = forecast([adaptive], {GREEDY: 1}, est)
+    assert alone.servers[0].steps == 7  # greedy accepts nearly every draft
+    crowded = forecast([adaptive], {SAMPLED: 40}, est)
+    assert crowded.servers[0].running == est.depths[7].capacity
+    assert crowded.servers[0].steps == 3  # 0.875 drafts of 3 accepted: above 1 - 0.5
+    hot = msgspec.structs.replace(est, classes={"m:hot": ClassEstimate(alpha=0.2)})
+    assert forecast([adaptive], {"m:hot": 40}, hot).servers[0].steps == 0
