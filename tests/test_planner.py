@@ -73,18 +73,20 @@ def test_a_quiet_greedy_regime_pays_for_deep_drafts_on_an_idle_server() -> None:
     assert plan.verdict == "reconfigure"
     assert len(plan.start) == 1
     assert plan.start[0].after.steps > 1
-    assert plan.proposed is not None and plan.proposed.tok_s > plan.current.tok_s
+    assert plan.proposed is not None
+    assert plan.proposed.tok_s > plan.current.tok_s
     assert plan.gain_tokens > plan.restart_cost_tokens
     # The reason names the numbers it compared; the plan renders as JSON for GET /plan.
     assert f"{plan.current.tok_s:.0f} ->" in plan.reason
     doc = msgspec.json.decode(msgspec.json.encode(plan))
-    assert doc["verdict"] == "reconfigure" and doc["start"][0]["after"]["steps"] > 1
+    assert doc["verdict"] == "reconfigure"
+    assert doc["start"][0]["after"]["steps"] > 1
 
 
 def test_a_restart_does_not_pay_when_regimes_are_short() -> None:
     # Regimes of 150 s seen again and again: at 130 s old, ~20 s are left, less than a restart.
     swings = [(150.0, {SAMPLED: 30.0}), (150.0, {GREEDY: 2.0})] * 4
-    short, now = planner_after(swings[:-1] + [(130.0, {GREEDY: 2.0})], settle_s=60.0,
+    short, now = planner_after([*swings[:-1], (130.0, {GREEDY: 2.0})], settle_s=60.0,
                                regime_prior_s=60.0)  # fmt: skip
     servers = pool(1, 1, 1)
     plan = short.plan(now, servers, estimates())
@@ -101,7 +103,8 @@ def test_the_capacity_floor_holds_a_restart_the_others_cannot_carry() -> None:
     # but two servers hold 40 < 50.
     planner, now = planner_after([(600.0, {SAMPLED: 50.0})])
     plan = planner.plan(now, pool(7, 7, 7), estimates())
-    assert plan.proposed is not None and plan.proposed.tok_s > plan.current.tok_s
+    assert plan.proposed is not None
+    assert plan.proposed.tok_s > plan.current.tok_s
     assert plan.verdict.startswith("hold: capacity floor")
     assert plan.start == ()
     # With room in the rest (limits of 40 each), the same change begins.
@@ -113,7 +116,8 @@ def test_a_server_changed_within_the_dwell_time_is_not_changed_again() -> None:
     planner, now = planner_after([QUIET])
     recent = pool(1, 1, 1, changed_at=now - 100.0)
     plan = planner.plan(now, recent, estimates())
-    assert plan.verdict.startswith("hold: ") and "dwell" in plan.verdict
+    assert plan.verdict.startswith("hold: ")
+    assert "dwell" in plan.verdict
     assert plan.start == ()
     settled = pool(1, 1, 1, changed_at=now - 1000.0)
     assert planner.plan(now, settled, estimates()).verdict == "reconfigure"
@@ -171,10 +175,12 @@ def test_a_target_that_could_not_be_left_at_the_peak_is_not_proposed() -> None:
     three = (600.0, {GREEDY: 3.0})
     unaware, now = planner_after([three])
     deep = unaware.plan(now, pool(1, 1, 1), estimates())
-    assert deep.proposed is not None and deep.proposed.settings == ("k7", "k7", "k7")
+    assert deep.proposed is not None
+    assert deep.proposed.settings == ("k7", "k7", "k7")
     planner, now = planner_after([(300.0, {SAMPLED: 50.0}), three])
     plan = planner.plan(now, pool(1, 1, 1), estimates())
-    assert plan.proposed is not None and plan.proposed.settings != deep.proposed.settings
+    assert plan.proposed is not None
+    assert plan.proposed.settings != deep.proposed.settings
     limits = sorted(2 * estimates().depths[int(s[1:])].capacity for s in plan.proposed.settings)
     assert sum(limits) - limits[0] >= 50
     told, now = planner_after([three], peak_concurrency=50.0)
