@@ -27,6 +27,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
 
 
+PROMPT_TOKENS = 330
+"""A synthetic prompt of 256 words, as the bench sends."""
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One request's traffic class: the proxy's workload bucket and its sampling settings."""
+
+    workload: str
+    temperature: float
+    max_tokens: int
+    ignore_eos: bool
+
+
 @dataclass
 class Req:
     rid: str
@@ -128,21 +142,26 @@ class PoolSim:
             capacity_total=sum(n.engine.max_running_requests for n in self.nodes),
         )
 
+    def admits(self, i: int) -> bool:
+        """Whether backend `i` takes a new request now (below its in-flight limit)."""
+        n = self.nodes[i]
+        return n.in_flight < int(n.engine.max_running_requests * self.overcommit)
+
+    def draw(self) -> Draw:
+        """The next request's traffic class: half greedy, half sampled at temperature 0.8."""
+        greedy = self.rng.random() < 0.5
+        return Draw("greedy", 0.0, 384, False) if greedy else Draw("sampled", 0.8, 384, False)
+
     def send(self, user: int) -> None:
-        free = [
-            i
-            for i, n in enumerate(self.nodes)
-            if n.in_flight < int(n.engine.max_running_requests * self.overcommit)
-        ]
+        free = [i for i in range(len(self.nodes)) if self.admits(i)]
         if not free:
             self.waiting.append(user)
             return
-        greedy = self.rng.random() < 0.5
-        temperature = 0.0 if greedy else 0.8
-        klass = f"{self.model}:{'greedy' if greedy else 'sampled'}"
+        draw = self.draw()
+        klass = f"{self.model}:{draw.workload}"
         request = RouteRequest(
             route="chat", model=self.model, workload_class=klass, stream=True,
-            max_tokens=384, temperature=temperature,
+            max_tokens=draw.max_tokens, temperature=draw.temperature,
         )  # fmt: skip
         decision = self.policy.choose(request, self.view(free))
         idx = next(i for i in free if self.nodes[i].name == decision.backend)
@@ -150,8 +169,8 @@ class PoolSim:
         self.seq += 1
         rid = f"r{self.seq}"
         node.engine.submit(
-            rid, prompt_tokens=330, max_new_tokens=384, klass=sampling_class(temperature),
-            ignore_eos=False,
+            rid, prompt_tokens=PROMPT_TOKENS, max_new_tokens=draw.max_tokens,
+            klass=sampling_class(draw.temperature), ignore_eos=draw.ignore_eos,
         )  # fmt: skip
         node.add(1, self.now)
         self.reqs[rid] = Req(rid, user, klass, self.now, idx, area0=node.load_area(self.now))
@@ -160,7 +179,8 @@ class PoolSim:
             node.engine.clock = max(node.engine.clock, self.now)
             self._push(self.now, 1, idx)
 
-    def _finish(self, req: Req, seq_generated: int, verify: int) -> None:
+    def learn(self, req: Req, generated: int, verify: int, error: str | None = None) -> None:
+        """The request's `Outcome` to the telemetry and the policy, as the proxy reports it."""
         node = self.nodes[req.backend]
         elapsed = self.now - req.start
         mean = (node.load_area(self.now) - req.area0) / elapsed if elapsed > 0 else None
@@ -168,23 +188,39 @@ class PoolSim:
         gaps = tuple(b - a for a, b in zip(req.times, req.times[1:], strict=False))
         outcome = Outcome(
             backend=node.name, steps=node.engine.steps, workload_class=req.klass, status=200,
-            stream=True, completion_tokens=seq_generated, chunks=len(req.times) + 2,
-            verify_count=verify, ttft_s=req.times[0] - req.start, chunk_gaps_s=gaps,
-            duration_s=elapsed, in_flight_at_start=0, mean_in_flight=mean,
+            stream=True, completion_tokens=generated, chunks=len(req.times) + 2,
+            verify_count=verify, ttft_s=req.times[0] - req.start if req.times else None,
+            chunk_gaps_s=gaps, duration_s=elapsed, in_flight_at_start=0, mean_in_flight=mean,
+            error=error,
         )  # fmt: skip
-        self.telemetry.observe(outcome, capacity=node.engine.max_running_requests)
+        self.telemetry.observe(
+            outcome,
+            capacity=node.engine.max_running_requests,
+            acceptance=node.engine.adaptive is None,  # as the pool does for adaptive backends
+        )
         self.policy.observe(outcome)
+
+    def record(self, req: Req, generated: int) -> None:
+        """Phase statistics of one finished request."""
         ph = self.phase
         if ph is not None:
-            ph.tokens += seq_generated
-            if seq_generated > 1 and len(req.times) > 1:
-                ph.speeds.append((seq_generated - 1) / (req.times[-1] - req.times[0]))
-            key = (req.klass.rsplit(":", 1)[1], node.engine.steps)
+            ph.tokens += generated
+            if generated > 1 and len(req.times) > 1:
+                ph.speeds.append((generated - 1) / (req.times[-1] - req.times[0]))
+            key = (req.klass.rsplit(":", 1)[1], self.nodes[req.backend].engine.steps)
             ph.by_depth[key] = ph.by_depth.get(key, 0) + 1
+
+    def resend(self, user: int) -> None:
+        """Closed loop: the user whose request ended sends the next; waiting users go first."""
         if self.sending:
-            self.send(req.user)
+            self.send(user)
         while self.waiting and self.sending:
             self.send(self.waiting.pop(0))
+
+    def _finish(self, req: Req, seq_generated: int, verify: int) -> None:
+        self.learn(req, seq_generated, verify)
+        self.record(req, seq_generated)
+        self.resend(req.user)
 
     def _emit(self, it: Iteration) -> None:
         for em in it.emissions:
