@@ -53,7 +53,7 @@ def test_least_loaded_weighs_load_by_capacity() -> None:
     view = PoolView(backends=(_backend("small", 2, capacity=4), _backend("big", 3, capacity=20)))
     decision = LeastLoaded().choose(REQUEST, view)
     assert decision.backend == "big"
-    assert decision.reason
+    assert decision.reason == "lowest load 0.15 req/slot (3 in flight)"
 
 
 def test_least_loaded_counts_the_backends_own_queue() -> None:

@@ -42,7 +42,7 @@ class LeastLoaded:
         self._turn += 1
         return Decision(
             backend=chosen.name,
-            reason=f"lowest load {lowest:.3g} ({chosen.in_flight} in flight)",
+            reason=f"lowest load {lowest:.3g} req/slot ({chosen.in_flight} in flight)",
         )
 
     def observe(self, outcome: Outcome) -> None:

@@ -78,8 +78,9 @@ class Threshold:
         return Decision(
             backend=chosen.name,
             reason=(
-                f"pool load {pool_load:.2f} -> depth {wanted}; {chosen.name} (k={chosen.steps}) "
-                f"score {best:.3g} = own load + {spread:g} x depth distance"
+                f"pool load {pool_load:.2f} req/slot -> depth {wanted}; {chosen.name} "
+                f"(k={chosen.steps}) score {best:.3g} = own load (req/slot) + {spread:g} x depth "
+                "distance (steps)"
             ),
         )
 

@@ -92,10 +92,11 @@ class Throughput:
 
 
 def _reason(objective: str, chosen: Prediction, preds: list[Prediction]) -> str:
-    """The numbers compared: per backend, predicted tok/s for this request and pool gain."""
+    """The numbers compared, with units: per backend, this request's predicted speed `v` and the
+    change in pool throughput `gain` (tok/s), and the queue wait past capacity."""
     parts = [
-        f"{p.backend}(k={p.steps}) v={p.effective_speed:.0f} gain={p.gain:+.0f}"
-        + (f" wait={p.wait_s:.2f}s" if p.full else "")
+        f"{p.backend}(k={p.steps}) v={p.effective_speed:.0f} tok/s gain={p.gain:+.0f} tok/s"
+        + (f" wait={p.wait_s:.2f} s" if p.full else "")
         for p in preds
     ]
     return f"{objective} -> {chosen.backend}: " + "; ".join(parts)
