@@ -1,0 +1,228 @@
+"""Depth follows load: every pool on every trace in virtual time, the envelope bound beside, and
+the targets of the issue checked. One command prints the whole report for both profiles:
+
+    .venv/bin/python benchmarks/depth_bound.py --jobs 2
+
+Pools (`depth_sim.pools()`): `auto` (the 1/2/3 mix under `throughput`, reconfigured by the
+planner), `mix-1-2-3` (the same, never reconfigured), three servers at each fixed depth 0..7 and
+three SGLang-adaptive servers (default tiers, deepest 7; capped at 3) behind least_loaded.
+
+The envelope is the best sequence of the fixed, adaptive and mix pools, one per phase (by
+aggregate tok/s), as if an oracle switched configuration at phase boundaries; each switch is
+charged a restart: every server that changes is out for one start-up, losing its share of the
+new configuration's phase rate. Where phases are long it is the per-phase best.
+Cells: aggregate tok/s / mean / p10 per-request tok/s (1 / TPOT).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import multiprocessing
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from depth_pools import ROOT, pools
+from depth_sim import SimResult, simulate
+
+from specroute.bench.stats import mean, percentile
+from specroute.bench.trace import load_scenario
+from specroute.emulator.profiles import get_profile
+
+PROFILES = ("seed-qwen35-122b", "costly-drafts")
+TRACES = {
+    "depth-swing": ROOT / "scenarios" / "depth-swing.toml",
+    "policy-eval": ROOT / "scenarios" / "policy-eval.toml",
+    "depth-diurnal": ROOT / "scenarios" / "depth-diurnal.toml",
+    "depth-night-burst": ROOT / "scenarios" / "depth-night-burst.toml",
+}
+DAY_S = 86400.0
+CACHE = ROOT / "results" / "depth-sim"
+SOURCES = (
+    "benchmarks/depth_sim.py", "benchmarks/depth_pools.py", "benchmarks/policy_sim.py",
+    "examples/adaptive-capped-3.json",
+    "specroute/emulator/*.py", "specroute/policies/*.py", "specroute/pool/telemetry.py",
+    "specroute/pool/estimators.py", "specroute/pool/prior.py", "specroute/speculation.py",
+)  # fmt: skip
+"""What a simulated run depends on; `auto` also depends on the planner."""
+Cell = tuple[float, float, float]
+Job = tuple[str, str, str, float, int, bool]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    picks: list[str]
+    phases: list[Cell]
+    whole: Cell
+    switches: int
+
+
+def _cache_path(profile: str, trace: str, pool: str, scale: float, seed: int) -> Path:
+    """Runs are kept under results/ by a digest of everything they depend on."""
+    digest = hashlib.sha256(f"{profile} {pool} {scale} {seed}".encode())
+    digest.update(TRACES[trace].read_bytes())
+    patterns = [*SOURCES, *(["specroute/planner/*.py"] if pools()[pool].planner else [])]
+    for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
+        digest.update(path.read_bytes())
+    name = f"{profile}__{trace}__{pool.replace('<=', 'le')}__{digest.hexdigest()[:12]}.json"
+    return CACHE / name
+
+
+def _run(job: Job) -> tuple[str, str, SimResult]:
+    profile, trace, pool, scale, seed, fresh = job
+    path = _cache_path(profile, trace, pool, scale, seed)
+    if path.exists() and not fresh:
+        return profile, trace, msgspec.json.decode(path.read_bytes(), type=SimResult)
+    scenario = load_scenario(TRACES[trace])
+    result = simulate(profile, pool, scenario, seed=seed, scale=scale)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.encode(result))
+    return profile, trace, result
+
+
+def _servers_changed(a: str, b: str) -> int:
+    """Servers that restart to turn pool `a` into pool `b` (settings matched as multisets)."""
+    left = Counter(s.label for s in pools()[a].settings)
+    right = Counter(s.label for s in pools()[b].settings)
+    return sum((right - left).values())
+
+
+def envelope(results: dict[str, SimResult], startup_s: float) -> Envelope:
+    """The best sequence of alternative pools, one per phase, each switch charged a restart:
+    dynamic programming over the phases (so a switch happens only where it pays)."""
+    alternatives = [p for p in results if p != "auto"]
+    phases = results[alternatives[0]].phases
+    rates = [{p: results[p].window(s, e) for p in alternatives} for _, s, e in phases]
+
+    def gained(prev: str | None, pool: str, i: int) -> float:
+        _, start, end = phases[i]
+        tokens = rates[i][pool][0] * (end - start)
+        if prev is None or prev == pool:
+            return tokens
+        share = _servers_changed(prev, pool) / len(pools()[pool].settings)
+        return tokens - min(share * tokens, share * startup_s * rates[i][pool][0])
+
+    best: dict[str, tuple[float, list[str]]] = {p: (gained(None, p, 0), [p]) for p in alternatives}
+    for i in range(1, len(phases)):
+        best = {
+            pool: max(
+                (
+                    (total + gained(path[-1], pool, i), [*path, pool])
+                    for total, path in best.values()
+                ),
+                key=lambda tp: tp[0],
+            )
+            for pool in alternatives
+        }
+    total, picks = max(best.values(), key=lambda tp: tp[0])
+    cells: list[Cell] = []
+    speeds: list[float] = []
+    for i, pool in enumerate(picks):
+        _, start, end = phases[i]
+        tokens = gained(picks[i - 1] if i else None, pool, i)
+        cells.append((tokens / (end - start), rates[i][pool][1], rates[i][pool][2]))
+        speeds += [v for t, v in results[pool].finished if start <= t < end]
+    whole = (total / phases[-1][2], mean(speeds) if speeds else 0.0,
+             percentile(speeds, 10) if speeds else 0.0)  # fmt: skip
+    switches = sum(a != b for a, b in itertools.pairwise(picks))
+    return Envelope(picks, cells, whole, switches)
+
+
+def settled(result: SimResult) -> list[tuple[float, float]]:
+    """Each phase's window after the last restart begun in it is ready."""
+    out = []
+    for _, start, end in result.phases:
+        ready = [r.ready for r in result.restarts if start <= r.began < end and r.ready]
+        out.append((max([start, *ready]), end))
+    return out
+
+
+def _cell(c: Cell) -> str:
+    return f"{c[0]:6.0f} / {c[1]:5.1f} / {c[2]:5.1f}"
+
+
+def report(profile: str, trace: str, results: dict[str, SimResult]) -> list[str]:
+    startup = get_profile(profile).startup_s
+    env = envelope(results, startup)
+    phases = results["auto"].phases
+    total = phases[-1][2]
+    lines = [f"## {profile} / {trace} ({total / 3600:.1f} h)", ""]
+    header = " | ".join(n for n, _, _ in phases)
+    lines += [f"| pool | whole trace | {header} |", "|---" * (len(phases) + 2) + "|"]
+    for pool, r in results.items():
+        cells = " | ".join(_cell(r.window(s, e)) for _, s, e in phases)
+        lines.append(f"| {pool} | **{_cell(r.window(0, total))}** | {cells} |")
+    auto = results["auto"]
+    cells = " | ".join(_cell(auto.window(s, e)) for s, e in settled(auto))
+    lines.append(f"| auto, settled | | {cells} |")
+    cells = " | ".join(f"{_cell(c)} {p}" for c, p in zip(env.phases, env.picks, strict=True))
+    lines.append(f"| envelope | **{_cell(env.whole)}** | {cells} |")
+    lines.append("")
+    lines += _verdicts(trace, results, env, total)
+    return lines
+
+
+def _verdicts(trace: str, results: dict[str, SimResult], env: Envelope, total: float) -> list[str]:
+    auto = results["auto"]
+    alts = {p: r.window(0, total) for p, r in results.items() if p not in ("auto",)}
+    best_alt = max(alts, key=lambda p: alts[p][0])
+    agg, avg, _ = auto.window(0, total)
+    b_agg, b_avg, _ = alts[best_alt]
+    room = env.whole[0] - b_agg
+    capture = (agg - b_agg) / room if room > 0 else float("nan")
+    per_day = len(auto.restarts) * DAY_S / total
+    lines = [
+        f"- restarts: {len(auto.restarts)} ({per_day:.1f} per day); aborted requests: "
+        f"{sum(r.aborted for r in auto.restarts)}; envelope switches: {env.switches}",
+        f"- whole trace: auto {agg:.0f} tok/s vs best alternative {best_alt} {b_agg:.0f} "
+        f"({agg / b_agg - 1:+.1%}); envelope {env.whole[0]:.0f} ({env.whole[0] / b_agg - 1:+.1%});"
+        f" headroom captured {capture:.0%}; mean per-request {avg:.1f} vs {b_avg:.1f}",
+    ]
+    if len(auto.restarts) <= 24:
+        steps = ", ".join(f"{r.began:.0f}s {r.server} {r.before}->{r.after}" for r in auto.restarts)
+        lines.append(f"- auto's restarts: {steps or 'none'}")
+    if trace == "policy-eval":
+        m = results["mix-1-2-3"].window(0, total)[0]
+        lines.append(f"- auto vs no reconfiguration (mix-1-2-3): {agg / m - 1:+.2%}")
+    if trace == "policy-eval" or len(auto.phases) > 6:
+        return [*lines, ""]
+    for (name, start, end), (s0, s1) in zip(auto.phases, settled(auto), strict=True):
+        if s1 - s0 < 0.25 * (end - start):
+            continue
+        quiet = name.startswith("quiet")
+        col = 1 if quiet else 0
+        best = max(alts, key=lambda p: results[p].window(s0, s1)[col])
+        mine, theirs = auto.window(s0, s1)[col], results[best].window(s0, s1)[col]
+        what = "mean per-request" if quiet else "aggregate"
+        lines.append(f"- {name}, settled ({s1 - s0:.0f} s): {what} {mine:.1f} vs best {best} "
+                     f"{theirs:.1f} ({mine / theirs - 1:+.1%})")  # fmt: skip
+    return [*lines, ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", action="append", choices=PROFILES, default=[])
+    parser.add_argument("--trace", action="append", choices=sorted(TRACES), default=[])
+    parser.add_argument("--pool", action="append", default=[], help="default: every pool")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply phase durations")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
+    args = parser.parse_args()
+    chosen = args.pool or list(pools())
+    jobs = [(p, t, pool, args.scale, args.seed, args.fresh) for p in args.profile or PROFILES
+            for t in args.trace or TRACES for pool in chosen]  # fmt: skip
+    with multiprocessing.Pool(args.jobs) as workers:
+        done = workers.map(_run, jobs, chunksize=1)
+    grouped: dict[tuple[str, str], dict[str, SimResult]] = {}
+    for profile, trace, result in done:  # in the order of `pools()`
+        grouped.setdefault((profile, trace), {})[result.pool] = result
+    for (profile, trace), results in grouped.items():
+        print("\n".join(report(profile, trace, results)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""The virtual-time pool with restarts (`benchmarks/depth_sim.py`) on tiny traces: a clear,
+lasting change of regime triggers exactly one reconfiguration, charged its start-up; phases
+shorter than a restart trigger none."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from specroute.bench.trace import Scenario, load_scenario
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+GREEDY = """
+[[phases.mix]]
+name = "greedy"
+temperature = 0.0
+max_tokens = 512
+ignore_eos = true
+"""
+SAMPLED = """
+[[phases.mix]]
+name = "sampled"
+temperature = 1.0
+max_tokens = 256
+ignore_eos = false
+"""
+
+
+@pytest.fixture
+def depth_sim(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The benchmark module, imported as its script is run (benchmarks/ on the path)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("depth_sim", None)
+    return importlib.import_module("depth_sim")
+
+
+def scenario(tmp_path: Path, phases: list[tuple[str, int, float, str]]) -> Scenario:
+    text = 'name = "tiny"\n' + "".join(
+        f'\n[[phases]]\nname = "{n}"\nconcurrency = {users}\nduration = {d}\n{mix}'
+        for n, users, d, mix in phases
+    )
+    path = tmp_path / "tiny.toml"
+    path.write_text(text)
+    return load_scenario(path)
+
+
+def test_a_lasting_quiet_greedy_regime_triggers_exactly_one_restart(
+    depth_sim: ModuleType, tmp_path: Path
+) -> None:
+    trace = scenario(tmp_path, [("busy", 8, 60.0, SAMPLED), ("quiet", 1, 400.0, GREEDY)])
+    result = depth_sim.simulate("seed-qwen35-122b", "auto", trace, startup_s=20.0)
+    assert len(result.restarts) == 1
+    restart = result.restarts[0]
+    assert restart.began >= 60.0 + 120.0  # the quiet regime settled first
+    assert int(restart.after[1:]) > int(restart.before[1:])
+    assert restart.ready is not None
+    assert restart.ready - restart.began >= 20.0
+    # The lone user runs faster once the deeper server is back than before the restart.
+    before = result.window(60.0 + 60.0, restart.began)
+    after = result.window(restart.ready + 10.0, 460.0)
+    assert after[1] > 1.2 * before[1]
+
+
+def test_a_restarting_server_drains_is_away_for_its_start_up_then_serves_at_its_new_depth(
+    depth_sim: ModuleType, tmp_path: Path
+) -> None:
+    trace = scenario(tmp_path, [("busy", 64, 200.0, SAMPLED)])
+    manual = [(60.0, 2, depth_sim.Setting(steps=1))]
+    sim = depth_sim.DepthSim("seed-qwen35-122b", depth_sim.pools()["mix-1-2-3"], startup_s=40.0)
+    result = sim.run(trace, "mix-1-2-3", manual=manual)
+    (restart,) = result.restarts
+    assert (restart.before, restart.after, restart.aborted) == ("k3", "k1", 0)
+    assert restart.ready is not None
+    assert restart.ready - restart.began >= 40.0
+    served = sim.nodes[2].engine
+    assert (served.steps, served.max_running_requests) == (1, sim.capacity[1])
+    # Its share of the load is lost while it is away, and every user is back once it is ready.
+    before = result.window(20.0, 60.0)[0]
+    away = result.window(restart.ready - 30.0, restart.ready)[0]
+    back = result.window(restart.ready + 20.0, 200.0)[0]
+    assert away < 0.9 * before
+    assert back > 0.95 * before
+
+
+def test_phases_shorter_than_a_restart_trigger_none(depth_sim: ModuleType, tmp_path: Path) -> None:
+    swings = [("quiet", 1, 90.0, GREEDY), ("busy", 16, 90.0, SAMPLED)] * 2
+    result = depth_sim.simulate("seed-qwen35-122b", "auto", scenario(tmp_path, swings))
+    assert result.restarts == []
+    assert result.plans.get("reconfigure", 0) == 0
+    assert sum(result.bins) > 0
