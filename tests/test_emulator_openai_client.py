@@ -83,6 +83,29 @@ def test_completions_stream_and_not(client: openai.OpenAI) -> None:
     assert usage.completion_tokens == 8
 
 
+@pytest.mark.parametrize("name", ["default", "anything-at-all"])
+def test_any_model_name_is_served_and_echoed_as_sglang_does(
+    client: openai.OpenAI, name: str
+) -> None:
+    reply = client.chat.completions.create(model=name, messages=MESSAGES, max_tokens=3)
+    assert reply.model == name
+    assert reply.choices[0].message.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_adapter_name_is_refused_as_sglang_refuses_it_without_lora(
+    client: openai.OpenAI, stream: bool
+) -> None:
+    (served,) = client.models.list().data
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=f"{served.id}:sql", messages=MESSAGES, max_tokens=3, stream=stream
+        )
+    body = info.value.response.json()
+    assert body["type"] == "BadRequestError"
+    assert body["message"].startswith("LoRA adapter 'sql' was requested, but LoRA is not enabled.")
+
+
 def test_models_list(client: openai.OpenAI) -> None:
     (model,) = client.models.list().data
     assert model.owned_by == "sglang"

@@ -166,11 +166,6 @@ def test_fields_of_the_wrong_type_or_missing_are_400(proxy: Server, body: object
     assert_openai_error(post(proxy, json.dumps(body).encode()), 400)
 
 
-def test_unknown_model_is_404_model_not_found(proxy: Server) -> None:
-    error = assert_openai_error(post(proxy, json.dumps(chat(model="gpt-9")).encode()), 404)
-    assert error["code"] == "model_not_found"
-
-
 def test_text_content_type_with_a_json_body_is_served_as_sglang_does(proxy: Server) -> None:
     reply = post(proxy, json.dumps(chat()).encode(), **{"content-type": "text/plain"})
     assert reply.status_code == 200

@@ -41,7 +41,10 @@ def _lora_check(model: str, served: str, lora_path: object) -> None:
     if isinstance(lora_path, list):
         adapter = next((a for a in lora_path if a), None)
     if ":" in model and model != served:
-        adapter = model.split(":", 1)[1].strip() or adapter
+        # SGLang's `_parse_model_parameter`: the served name first, so `s3://b/m:a` names `a`.
+        head = f"{served}:"
+        rest = model[len(head) :] if model.startswith(head) else model.split(":", 1)[1]
+        adapter = rest.strip() or adapter
     if adapter:
         raise Rejected(
             f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch the "

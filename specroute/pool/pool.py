@@ -173,7 +173,16 @@ class Pool:
         return Lease(self, backend)
 
     def known_models(self) -> set[str]:
+        """Every name the backends list: their models and any LoRA adapters they loaded."""
         return set().union(*(b.models for b in self.backends)) if self.backends else set()
+
+    def base_models(self) -> set[str]:
+        """The models the backends serve, without the LoRA adapters SGLang lists beside them
+        (their cards name a `parent`)."""
+        names = {b.model for b in self.backends if b.model}
+        for backend in self.backends:
+            names.update(str(c["id"]) for c in backend.model_cards if not c.get("parent"))
+        return names
 
     def notify(self) -> None:
         """Wake requests waiting for a free slot."""

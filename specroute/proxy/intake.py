@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any, NamedTuple
 
 import msgspec
@@ -41,6 +41,7 @@ __all__ = [
     "read_body",
     "request_id",
     "route_request",
+    "served_name",
     "upstream_body",
     "watch_disconnect",
 ]
@@ -90,20 +91,25 @@ class Intake:
         config = self._config
         body = await read_body(scope, receive, config.max_body_bytes, config.limits.body_timeout_s)
         fields = decode_fields(route, body)
-        self._check_model(fields.model)
+        model = self._served_model(fields.model)
         klass = self._workload_class(header(scope, b"x-specroute-class"))
         forwarded, extras = upstream_body(body, fields, config.learn)
-        return Incoming(route_request(route, fields, klass), forwarded, extras)
+        named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
+        return Incoming(route_request(route, named, klass), forwarded, extras)
 
-    def _check_model(self, model: str | None) -> None:
-        if model is None:
-            return
+    def _served_model(self, model: str | None) -> str | None:
+        """The served model a request names, which routes it (the client's bytes go upstream
+        as they came): a name the pool lists, else as `served_name` reads it; 404 if none."""
         known = self._pool.known_models()
-        if known and model not in known:
+        if model is None or not known or model in known:
+            return model
+        found = served_name(model, self._pool.base_models())
+        if found is None:
             raise ModelNotFoundError(
                 f"The model `{model}` does not exist; served: {', '.join(sorted(known))}",
                 param="model",
             )
+        return found
 
     def _workload_class(self, given: bytes | None) -> str | None:
         """The client's `X-Specroute-Class`, if it is a short printable name and either known
@@ -115,6 +121,19 @@ class Intake:
             return None
         self._classes.add(name)
         return name
+
+
+def served_name(model: str, served: Collection[str]) -> str | None:
+    """The served model `model` selects, as SGLang reads `name:adapter`
+    (`_parse_model_parameter`): a served name then `:adapter`, else the part before the first
+    colon; any other name reaches a pool's only model, and none of several (None)."""
+    prefixed = [name for name in served if model.startswith(f"{name}:")]
+    if prefixed:
+        return max(prefixed, key=len)
+    base = model.split(":", 1)[0].strip()
+    if base in served:
+        return base
+    return next(iter(served)) if len(served) == 1 else None
 
 
 # Headers and body --------------------------------------------------------------------------
