@@ -119,6 +119,7 @@ def _add_trace(sub: Any) -> None:
 def _add_compare(sub: Any) -> None:
     p = sub.add_parser("compare", help="saved results side by side, with ratios to the first")
     p.add_argument("results", nargs="+", help="JSON results of sweep or trace")
+    p.add_argument("--baseline", help="the column the ratios are against (default: the first)")
     p.add_argument("--markdown", action="store_true")
     p.set_defaults(run=_run_compare)
 
@@ -249,10 +250,11 @@ def _run_compare(args: argparse.Namespace) -> int:
 
     try:
         results = [(path, load_result(path)) for path in args.results]
-    except (OSError, msgspec.DecodeError) as exc:
+        text = render_comparison(results, baseline=args.baseline, markdown=args.markdown)
+    except (OSError, msgspec.DecodeError, ValueError) as exc:  # ValueError: an unknown baseline
         print(f"specroute bench compare: {exc}", file=sys.stderr)
         return 2
-    print(render_comparison(results, markdown=args.markdown))
+    print(text)
     return 0
 
 
