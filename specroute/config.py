@@ -2,14 +2,17 @@
 
 Every section is a frozen msgspec Struct that rejects unknown fields, so a typo fails at start-up
 with a message naming its path (`$.backends[1].url`). Nested fields are reachable from the
-environment with double underscores: `SPECROUTE_TIMEOUTS__IDLE_S=30`.
+environment with double underscores: `SPECROUTE_TIMEOUTS__IDLE_S=30`; a `SPECROUTE_*` name that
+is no setting is refused the same way, naming the closest one. A field's docstring (the string
+below it) is its documentation: `specroute config example` writes it into the example file.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,7 +31,9 @@ __all__ = [
     "LimitsConfig",
     "RetryConfig",
     "TimeoutConfig",
+    "env_names",
     "load_config",
+    "parse_backend",
 ]
 
 ENV_PREFIX = "SPECROUTE_"
@@ -36,6 +41,10 @@ Positive = Annotated[float, msgspec.Meta(gt=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+
+NON_CONFIG_VARIABLES = frozenset({"SPECROUTE_TEST_QUIET", "SPECROUTE_DASHBOARD_SCREENSHOT"})
+"""`SPECROUTE_*` names that tests and tools read for their own purposes: not settings, and not
+refused as misspelt ones (tests/servers.py, tests/test_dashboard_browser.py and the Makefile)."""
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -50,10 +59,15 @@ class BackendConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     """
 
     url: str
-    name: str | None = None
-    api_key: str | None = None
-    max_in_flight: Count | None = None
-    resolve_every_s: Positive | None = None
+    """The server's base URL (`http://host:port`), without `/v1`."""
+    name: Annotated[str, msgspec.Meta(examples=["steps3"])] | None = None
+    """The name in headers, logs, metrics and `/pool`; unset: host:port."""
+    api_key: Annotated[str, msgspec.Meta(examples=["sglang-key"])] | None = None
+    """Sent to the server as `Authorization: Bearer` (SGLang's `--api-key`)."""
+    max_in_flight: Annotated[int, msgspec.Meta(ge=1, examples=[34])] | None = None
+    """Requests the proxy sends it at once; unset: `overcommit` x its max_running_requests."""
+    resolve_every_s: Annotated[float, msgspec.Meta(gt=0, examples=[15.0])] | None = None
+    """Resolve the url's host again this often; every address it gives is a backend."""
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -69,34 +83,61 @@ class HealthConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Polling of /ready (never /health: it runs a generation), /server_info and /metrics."""
 
     interval_s: Positive = 2.0
+    """Seconds between two /ready checks of a backend."""
     timeout_s: Positive = 2.0
+    """A check that takes longer fails."""
     failure_threshold: Count = 2
+    """Failed checks in a row that take a healthy backend out of routing."""
     success_threshold: Count = 2
+    """Passed checks in a row that bring it back."""
     discovery_interval_s: Positive = 60.0
+    """Seconds between /server_info reads (depth, capacity, model) of a healthy backend."""
     metrics_interval_s: Positive = 5.0
+    """Seconds between /metrics scrapes (running and queued requests, acceptance)."""
 
 
 class TimeoutConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A long prefill before the first byte is normal; a stream idle past `idle_s` is not."""
+    """A long prefill before the first byte is normal; a stream idle past `idle_s` is not.
+
+    A stream's own limits are learned per backend: `stall_factor` times the p99 of that
+    backend's time to a first token (at least `first_token_floor_s`, at most `first_byte_s`)
+    and of its gaps between chunks (at least `stall_floor_s`, at most `idle_s`). A stream quiet
+    for `heartbeat_s` gets an SSE comment, so its client can tell slow from dead."""
 
     connect_s: Positive = 5.0
+    """Time to open a connection to a backend."""
     first_byte_s: Positive = 900.0
+    """Time from sending a request to the reply's first byte (the prefill)."""
     idle_s: Positive = 120.0
+    """Silence inside a stream after which it ends with an error event."""
+    heartbeat_s: Positive = 5.0
+    """A stream quiet this long gets an SSE comment (`: keep-alive`), and then again."""
+    stall_factor: Annotated[float, msgspec.Meta(ge=1)] = 20.0
+    """A stream's limits: this many times the p99 of its backend's quiet times."""
+    stall_floor_s: Positive = 5.0
+    """The shortest gap between chunks that counts as a stall (at most `idle_s`)."""
+    first_token_floor_s: Positive = 60.0
+    """The shortest wait for a first token that counts as a stall (at most `first_byte_s`)."""
 
 
 class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Attempts (first try included) for failures before the first byte reaches the client."""
 
     max_attempts: Count = 3
+    """Backends one request may be tried on, the first included."""
     backoff_s: NonNegative = 0.05
+    """Wait before the second attempt; doubled for each one after."""
     backoff_max_s: NonNegative = 1.0
+    """The longest wait between two attempts."""
 
 
 class BreakerConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Consecutive failures that open a backend's circuit, and how long it stays open."""
 
     failure_threshold: Count = 5
+    """Failed requests in a row that open a backend's circuit (no requests sent to it)."""
     open_s: Positive = 10.0
+    """Seconds the circuit stays open before one trial request."""
 
 
 class AdmissionConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -107,16 +148,22 @@ class AdmissionConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields
     """
 
     queue_size: Annotated[int, msgspec.Meta(ge=0)] = 1024
+    """Requests that may wait in the proxy; one more is answered 429."""
     queue_timeout_s: Positive = 30.0
+    """How long one may wait for a free backend before a 503."""
     overcommit: Annotated[float, msgspec.Meta(ge=1)] = 2.0
+    """A backend's in-flight limit as a multiple of its max_running_requests."""
     retry_after_s: Positive = 1.0
+    """The `Retry-After` sent with a 429 or 503."""
 
 
 class LearnConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What the proxy adds upstream to learn from replies; it strips the extras from the reply."""
 
     include_usage: bool = True
+    """Ask for `stream_options.include_usage` (exact token counts per stream)."""
     spec_tokens_details: bool = True
+    """Ask for `return_spec_tokens_details` (exact acceptance per request)."""
 
 
 class ClientConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -124,7 +171,9 @@ class ClientConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     `httpx` (httpx's own pool); `max_connections` bounds the proxied requests' pool."""
 
     transport: Literal["h1", "httpx"] = "h1"
+    """`h1` (specroute's own HTTP/1.1) or `httpx` (httpx's connection pool)."""
     max_connections: Count = 1024
+    """Upstream connections open at once, all backends together."""
 
 
 class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -133,17 +182,31 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     the headers), open connections (in all, per peer address, and `reserved_connections` that
     only clients with a valid API key may hold: 1/16 of them unless set), how long it may leave
     a stream unread (`client_stall_s`: then the stream ends and its backend is freed); and how
-    long streams run on after SIGTERM."""
+    long streams run on after SIGTERM. Request bodies held at once, all requests together, are
+    capped at `max_body_bytes_in_flight`: past it a request waits up to `body_wait_s`, then 503."""
 
     max_header_bytes: Count = 64 * 1024
+    """A request's headers, in bytes; past it, 431."""
     max_headers: Count = 100
+    """Header lines in one request; past it, 431."""
     header_timeout_s: Positive = 10.0
+    """Time to send the headers, from the connection's opening or the request's first byte."""
     body_timeout_s: Positive = 60.0
+    """Time to send the body, from the end of the headers, on every route; past it, 408."""
     client_stall_s: Positive = 60.0
+    """How long a client may leave a stream unread before it is ended and its backend freed."""
     max_connections: Count = 4096
-    reserved_connections: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    max_connections_per_peer: Count | None = None
+    """Client connections open at once."""
+    reserved_connections: Annotated[int, msgspec.Meta(ge=0, examples=[256])] | None = None
+    """Of those, the ones only clients with a valid API key may hold; unset: 1/16."""
+    max_connections_per_peer: Annotated[int, msgspec.Meta(ge=1, examples=[256])] | None = None
+    """Connections per client address; leave unset behind a load balancer."""
     shutdown_grace_s: NonNegative = 30.0
+    """How long streams in flight may run on after SIGTERM."""
+    max_body_bytes_in_flight: Count = 64 * 1024 * 1024
+    """Request-body bytes held at once, all requests together (at least `max_body_bytes`)."""
+    body_wait_s: NonNegative = 1.0
+    """How long a request waits for room under that cap before a 503 with `Retry-After`."""
 
     def __post_init__(self) -> None:
         if self.reserve >= self.max_connections:
@@ -160,13 +223,24 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything `specroute serve` needs."""
 
     backends: tuple[BackendConfig, ...] = ()
+    """The SGLang servers (`[[backends]]` tables, or URLs, or `NAME=URL` strings)."""
     host: str = "127.0.0.1"
+    """The address to listen on; 0.0.0.0 for every interface."""
     port: Port = 8000
+    """The port to listen on."""
     policy: str = "throughput"
+    """The routing policy, `name` or `name:key=value,...` (`specroute policies`)."""
     api_keys: tuple[str, ...] = ()
-    admin_key: str | None = None
+    """Client keys accepted as `Authorization: Bearer KEY`; empty: no auth."""
+    admin_key: Annotated[str, msgspec.Meta(examples=["change-me"])] | None = None
+    """The key for PUT /policy; unset: the policy cannot be switched at run time."""
+    class_keys: tuple[str, ...] = ()
+    """API keys whose requests may name their workload class (`x-specroute-class`); the admin
+    key may too. Without `api_keys`, every request may."""
     max_body_bytes: Count = 32 * 1024 * 1024
+    """The largest request body; past it, 413."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """The lowest level logged."""
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = msgspec.field(default_factory=TimeoutConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
@@ -180,9 +254,13 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
         labels = [b.label for b in self.backends]
         if len(set(labels)) != len(labels):
             raise ValueError("backend names must be unique")
+        if not set(self.class_keys) <= {*self.api_keys, self.admin_key}:
+            raise ValueError("class_keys must be listed in api_keys")
+        if self.limits.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError("limits.max_body_bytes_in_flight must be at least max_body_bytes")
 
 
-_LIST_FIELDS = {"backends", "api_keys"}
+_LIST_FIELDS = {"backends", "api_keys", "class_keys"}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -199,25 +277,44 @@ def _struct_fields(struct: type[msgspec.Struct]) -> dict[str, Any]:
     return {f.name: f.type for f in msgspec.structs.fields(struct)}
 
 
+def _env_leaves(struct: Any, prefix: str) -> Iterator[str]:
+    for name, kind in _struct_fields(struct).items():
+        if isinstance(kind, type) and issubclass(kind, _Section):
+            yield from _env_leaves(kind, f"{prefix}{name.upper()}__")
+        else:
+            yield prefix + name.upper()
+
+
+def env_names() -> list[str]:
+    """Every `SPECROUTE_*` variable that sets something: `SPECROUTE_PORT`, ..."""
+    return sorted(_env_leaves(Config, ENV_PREFIX))
+
+
+def _unknown_variable(name: str) -> ConfigError:
+    close = difflib.get_close_matches(name, env_names(), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else "; `specroute config example` lists them"
+    return ConfigError(f"invalid configuration: environment variable {name} is not a setting{hint}")
+
+
 def _env_path(name: str) -> list[str] | None:
-    """`SPECROUTE_TIMEOUTS__IDLE_S` -> ["timeouts", "idle_s"] if Config has that field."""
-    parts = name[len(ENV_PREFIX) :].lower().split("__")
-    struct: Any = Config
-    for i, part in enumerate(parts):
-        fields = _struct_fields(struct)
-        if part not in fields:
-            return None
-        kind = fields[part]
-        is_section = isinstance(kind, type) and issubclass(kind, _Section)
-        if i < len(parts) - 1 and not is_section:
-            return None
-        struct = kind
-    return parts
+    """`SPECROUTE_TIMEOUTS__IDLE_S` -> ["timeouts", "idle_s"] if that is a setting."""
+    if name.upper() not in env_names():
+        return None
+    return name[len(ENV_PREFIX) :].lower().split("__")
+
+
+def parse_backend(given: str) -> dict[str, str]:
+    """`steps3=http://host:30000` names the backend; a bare URL is named host:port."""
+    given = given.strip()
+    name, sep, url = given.partition("=")
+    if sep and "://" not in name:
+        return {"name": name.strip(), "url": url.strip()}
+    return {"url": given}
 
 
 def _env_value(field: str, value: str) -> object:
     if field == "backends":
-        return [{"url": url.strip()} for url in value.split(",") if url.strip()]
+        return [parse_backend(item) for item in value.split(",") if item.strip()]
     if field in _LIST_FIELDS:
         return [item.strip() for item in value.split(",") if item.strip()]
     return value
@@ -227,9 +324,11 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX):
             continue
+        if name in NON_CONFIG_VARIABLES:
+            continue
         path = _env_path(name)
         if path is None:
-            continue  # other SPECROUTE_* variables belong to other commands
+            raise _unknown_variable(name)
         target = data
         for part in path[:-1]:
             target = target.setdefault(part, {})
@@ -239,7 +338,7 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
 def _normalise_backends(data: dict[str, Any]) -> None:
     backends = data.get("backends")
     if isinstance(backends, list):
-        data["backends"] = [{"url": b} if isinstance(b, str) else b for b in backends]
+        data["backends"] = [parse_backend(b) if isinstance(b, str) else b for b in backends]
 
 
 def load_config(

@@ -113,3 +113,61 @@ def test_serve_flags_name_backends_and_default_to_the_throughput_policy() -> Non
     assert [b.label for b in config.backends] == ["deep", "gpu-b:30000"]
     assert [b.url for b in config.backends] == ["http://gpu-a:30000", "http://gpu-b:30000"]
     assert config.policy == "throughput"
+
+
+def test_environment_backends_take_names_like_the_flag() -> None:
+    env = {"SPECROUTE_BACKENDS": "steps1=http://a:1, http://b:2,deep=https://c:3/"}
+    config = load_config(environ=env)
+    assert [(b.label, b.url) for b in config.backends] == [
+        ("steps1", "http://a:1"),
+        ("b:2", "http://b:2"),
+        ("deep", "https://c:3/"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "closest"),
+    [
+        ("SPECROUTE_TIMEOUT__IDLE_S", "SPECROUTE_TIMEOUTS__IDLE_S"),
+        ("SPECROUTE_BACKEND", "SPECROUTE_BACKENDS"),
+        ("SPECROUTE_ADMINKEY", "SPECROUTE_ADMIN_KEY"),
+        ("SPECROUTE_LIMITS__MAX_CONECTIONS", "SPECROUTE_LIMITS__MAX_CONNECTIONS"),
+    ],
+)
+def test_a_misspelt_variable_is_refused_naming_the_closest_setting(name: str, closest: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{name} is not a setting; did you mean {closest}\?"):
+        load_config(environ={name: "1"})
+
+
+def test_a_section_name_alone_is_not_a_setting() -> None:
+    with pytest.raises(ConfigError, match="SPECROUTE_TIMEOUTS is not a setting"):
+        load_config(environ={"SPECROUTE_TIMEOUTS": "1"})
+
+
+def test_variables_that_tests_and_tools_read_are_not_settings_and_not_refused() -> None:
+    from specroute.config import NON_CONFIG_VARIABLES, env_names
+
+    env = dict.fromkeys(NON_CONFIG_VARIABLES, "x")
+    assert load_config(environ=env) == load_config(environ={})
+    assert not NON_CONFIG_VARIABLES & set(env_names())
+    assert {"SPECROUTE_PORT", "SPECROUTE_TIMEOUTS__IDLE_S", "SPECROUTE_BACKENDS"} <= set(
+        env_names()
+    )
+
+
+def test_serve_exits_2_on_a_misspelt_variable() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SPECROUTE_POLICYY": "round_robin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "specroute", "serve", "--backend", "http://127.0.0.1:9"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "SPECROUTE_POLICYY is not a setting; did you mean SPECROUTE_POLICY?" in done.stderr

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from specroute.config import Config, load_config
+from specroute.config import Config, load_config, parse_backend
 from specroute.errors import ConfigError
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create
@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def build_config(args: argparse.Namespace) -> Config:
     """Merge file, environment and flags; raise ConfigError naming the bad field."""
     overrides = {
-        "backends": [_backend(given) for given in args.backend] if args.backend else None,
+        "backends": [parse_backend(given) for given in args.backend] if args.backend else None,
         "host": args.host,
         "port": args.port,
         "policy": args.policy,
@@ -66,14 +66,6 @@ def build_config(args: argparse.Namespace) -> Config:
     except UnknownPolicyError as exc:
         raise ConfigError(f"invalid configuration: {exc} - at `$.policy`") from exc
     return config
-
-
-def _backend(given: str) -> dict[str, str]:
-    """`steps3=http://host:30000` names the backend; a bare URL is named host:port."""
-    name, sep, url = given.partition("=")
-    if sep and "://" not in name:
-        return {"name": name, "url": url}
-    return {"url": given}
 
 
 def run(args: argparse.Namespace) -> int:
