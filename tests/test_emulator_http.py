@@ -88,6 +88,14 @@ def test_same_seed_and_prompt_give_the_same_text(client: httpx.Client) -> None:
     assert first != other
 
 
+def test_a_body_past_litestars_10_mb_default_is_served_like_sglang(client: httpx.Client) -> None:
+    # SGLang (FastAPI on uvicorn) sets no body limit; the proxy in front allows 32 MB.
+    padding = "x" * (12 * 1024 * 1024)
+    reply = chat(client, user=padding)
+    assert reply.status_code == 200
+    assert reply.json()["usage"]["prompt_tokens"] == chat(client).json()["usage"]["prompt_tokens"]
+
+
 def test_completion_defaults_to_sixteen_tokens_and_echoes_model(client: httpx.Client) -> None:
     body = {"model": "whatever-name", "prompt": "a b c d e", "ignore_eos": True}
     reply = client.post("/v1/completions", json=body).json()

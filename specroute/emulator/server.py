@@ -180,5 +180,7 @@ def build(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
         lifespan=[emu.lifespan],
         openapi_config=None,
         logging_config=None,
+        # SGLang's FastAPI app on uvicorn reads a body of any size: no 10 MB Litestar default.
+        request_max_body_size=None,
     )
     return app, emu
