@@ -156,8 +156,13 @@ def test_server_info_and_model_info_answered_for_the_pool(
     for _ in range(2):  # one request on each backend (round robin)
         client.completions.create(model=MODEL, prompt="x", max_tokens=8)
     info = httpx.get(proxy.url + "/server_info", headers=_auth()).json()
+    # What sglang.bench_serving reads: the pool's accept length, no disaggregated `decode` list.
     assert info["internal_states"][0]["avg_spec_accept_length"] > 1
+    assert "decode" not in info
     assert info["speculative_algorithm"]
+    # The address is the proxy's, not one backend's (nor a backend's launch command).
+    assert (info["host"], info["port"]) == ("127.0.0.1", proxy.port)
+    assert "launch_command" not in info
     assert httpx.get(proxy.url + "/model_info", headers=_auth()).json()["model_path"]
 
 

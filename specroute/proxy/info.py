@@ -85,8 +85,9 @@ async def proxied_info(state: ProxyState, path: str) -> bytes:
 
 
 async def server_info(state: ProxyState) -> dict[str, Any]:
-    """One backend's /server_info, with `internal_states[0]` describing the whole pool: its
-    `avg_spec_accept_length` is the mean over backends weighted by their generated tokens."""
+    """One backend's /server_info, with `internal_states[0]` describing the whole pool (what
+    sglang.bench_serving reads): its `avg_spec_accept_length` is the mean over backends weighted
+    by their generated tokens. `host` and `port` are the proxy's own, never a backend's."""
     healthy = state.pool.healthy()
     if not healthy:
         raise NoHealthyBackendError("no healthy backend", retry_after=1)
@@ -103,6 +104,9 @@ async def server_info(state: ProxyState) -> dict[str, Any]:
     if not infos:
         raise UpstreamUnavailableError("no backend answered /server_info")
     base = scrub_secrets(infos[0][1])
+    # Clients record these as the server they measured: that is this proxy (port 0: unknown).
+    base["host"], base["port"] = state.config.host, state.config.port or None
+    base.pop("launch_command", None)  # one backend's command line, its port included
     states = [_first_state(info) for _, info in infos]
     base["internal_states"] = [_pool_state(infos, states), *states]
     base["specroute"] = {"backends": [b.name for b, _ in infos], "policy": state.policy.name}
