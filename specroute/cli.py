@@ -12,6 +12,7 @@ from specroute.emulator import command as emulator_command
 from specroute.launch import command as launch_command
 from specroute.policies import command as policies_command
 from specroute.proxy import command as proxy_command
+from specroute.proxy import config_example
 
 __all__ = ["build_parser", "main"]
 
@@ -21,6 +22,7 @@ COMMANDS = (
     emulator_command,
     bench_command,
     proxy_command,
+    config_example,
     launch_command,
     policies_command,
 )

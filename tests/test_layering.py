@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specroute"
 ALLOWED: dict[str, frozenset[str]] = {
     "proxy": frozenset({"pool", "policies"}),
     "pool": frozenset({"policies"}),
-    "launch": frozenset({"pool"}),
+    "launch": frozenset({"pool", "policies"}),  # the launcher checks the policy's depths
     "policies": frozenset(),
     "planner": frozenset({"policies"}),
     "bench": frozenset(),
@@ -34,6 +34,7 @@ LEAVES = frozenset(
         "children",
         "looplag",
         "prometheus",
+        "structdoc",  # field docstrings and type words for help and the example config
     }
 )
 """Modules anyone may import: no I/O of their own, and they import only other leaves."""
