@@ -4,12 +4,15 @@ from specroute.policies.bandit import Bandit, BanditOptions
 from specroute.policies.builtin import LeastLoaded, RoundRobin
 from specroute.policies.registry import (
     ENTRY_POINT_GROUP,
+    OptionHelp,
     PolicyFactory,
     UnknownPolicyError,
     available,
     create,
+    option_help,
     options_of,
     parse_spec,
+    pinned_depth,
 )
 from specroute.policies.static import Static, StaticOptions
 from specroute.policies.threshold import Threshold, ThresholdOptions
@@ -32,6 +35,7 @@ __all__ = [
     "ClassEstimate",
     "Decision",
     "LeastLoaded",
+    "OptionHelp",
     "Outcome",
     "Policy",
     "PolicyFactory",
@@ -47,6 +51,8 @@ __all__ = [
     "UnknownPolicyError",
     "available",
     "create",
+    "option_help",
     "options_of",
     "parse_spec",
+    "pinned_depth",
 ]

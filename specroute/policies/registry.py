@@ -20,15 +20,19 @@ from specroute.policies.static import Static
 from specroute.policies.threshold import Threshold
 from specroute.policies.throughput import Throughput
 from specroute.policies.types import Policy
+from specroute.structdoc import describe_type, field_docs
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "OptionHelp",
     "PolicyFactory",
     "UnknownPolicyError",
     "available",
     "create",
+    "option_help",
     "options_of",
     "parse_spec",
+    "pinned_depth",
 ]
 
 ENTRY_POINT_GROUP = "specroute.policies"
@@ -61,6 +65,41 @@ def options_of(factory: PolicyFactory) -> type[msgspec.Struct] | None:
     """The factory's options type, if it takes options."""
     kind = getattr(factory, "Options", None)
     return kind if isinstance(kind, type) and issubclass(kind, msgspec.Struct) else None
+
+
+class OptionHelp(msgspec.Struct, frozen=True, kw_only=True):
+    """One option as `specroute policies` shows it, read from the options type itself."""
+
+    name: str
+    kind: str  # `integer >= 0`, `latency|throughput|goodput`, ...
+    default: str
+    doc: str | None = None
+
+
+def option_help(factory: PolicyFactory) -> tuple[OptionHelp, ...]:
+    """The factory's options: name, type and allowed values, default, and field docstring."""
+    kind = options_of(factory)
+    if kind is None:
+        return ()
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType)
+    defaults = msgspec.to_builtins(kind())
+    docs = field_docs(kind)
+    return tuple(
+        OptionHelp(
+            name=f.name,
+            kind=describe_type(f.type),
+            default="unset" if defaults.get(f.name) is None else str(defaults[f.name]),
+            doc=docs.get(f.name),
+        )
+        for f in info.fields
+    )
+
+
+def pinned_depth(policy: Policy) -> int | None:
+    """The one depth a policy sends every request to (`static`'s steps), if it has one: a pool
+    without a backend at that depth cannot do what the operator asked."""
+    return policy.options.steps if isinstance(policy, Static) else None
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
