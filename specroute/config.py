@@ -29,6 +29,7 @@ __all__ = [
     "HealthConfig",
     "LearnConfig",
     "LimitsConfig",
+    "ReplicasConfig",
     "RetryConfig",
     "TimeoutConfig",
     "env_names",
@@ -219,6 +220,38 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return self.max_connections // 16 if given is None else given
 
 
+class ReplicasConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Several proxies in front of one pool: where the other replicas are (their own estimates
+    are read and blended by weight, and the backends' free room is split with them), and how
+    often each backend's /metrics is scraped for the load the others add."""
+
+    peers: Annotated[
+        tuple[str, ...], msgspec.Meta(examples=[("http://specroute-peers:8000",)])
+    ] = ()
+    """Urls whose host names every replica (a headless Service, this replica included)."""
+    resolve_every_s: Positive = 10.0
+    """How often the peers' names are resolved again."""
+    read_every_s: Positive = 5.0
+    """How often each peer's `GET /pool/estimates` is read."""
+    peer_stale_s: Positive = 30.0
+    """A peer that has not answered for this long leaves the blend."""
+    api_key: Annotated[str, msgspec.Meta(examples=["sk-peer-key"])] | None = None
+    """The key sent to peers (one of their `api_keys`); unset: this replica's first key."""
+    scrape_min_interval_s: Positive = 0.25
+    """The shortest wait between two scrapes of a backend with little room left."""
+    scrape_budget_per_s: Positive = 50.0
+    """Scrapes per second, all backends together; idle backends wait `metrics_interval_s`."""
+    scrape_stale_s: Positive = 15.0
+    """A scrape older than this ages out (at least twice `metrics_interval_s` is used)."""
+    gauge_lag_s: NonNegative = 0.5
+    """How far behind a backend's running and queued gauges may be."""
+
+    def __post_init__(self) -> None:
+        for url in self.peers:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"peer url {url!r} must start with http:// or https://")
+
+
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything `specroute serve` needs."""
 
@@ -249,6 +282,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     learn: LearnConfig = msgspec.field(default_factory=LearnConfig)
     client: ClientConfig = msgspec.field(default_factory=ClientConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
+    replicas: ReplicasConfig = msgspec.field(default_factory=ReplicasConfig)
 
     def __post_init__(self) -> None:
         labels = [b.label for b in self.backends]
@@ -260,7 +294,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("limits.max_body_bytes_in_flight must be at least max_body_bytes")
 
 
-_LIST_FIELDS = {"backends", "api_keys", "class_keys"}
+_LIST_FIELDS = {"backends", "api_keys", "class_keys", "peers"}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
