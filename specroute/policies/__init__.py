@@ -2,6 +2,7 @@
 
 from specroute.policies.bandit import Bandit, BanditOptions
 from specroute.policies.builtin import LeastLoaded, RoundRobin
+from specroute.policies.groups import Candidates, Group, Groups, LazyBackends, candidates_of
 from specroute.policies.registry import (
     ENTRY_POINT_GROUP,
     OptionHelp,
@@ -32,8 +33,12 @@ __all__ = [
     "BackendView",
     "Bandit",
     "BanditOptions",
+    "Candidates",
     "ClassEstimate",
     "Decision",
+    "Group",
+    "Groups",
+    "LazyBackends",
     "LeastLoaded",
     "OptionHelp",
     "Outcome",
@@ -50,6 +55,7 @@ __all__ = [
     "ThroughputOptions",
     "UnknownPolicyError",
     "available",
+    "candidates_of",
     "create",
     "option_help",
     "options_of",

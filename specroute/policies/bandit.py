@@ -17,6 +17,7 @@ from typing import Literal
 
 import msgspec
 
+from specroute.policies.groups import batch, candidates_of
 from specroute.policies.predict import with_room
 from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
 
@@ -73,12 +74,13 @@ class Bandit:
         """The load bucket this backend would be in with one more request."""
         if not backend.capacity:
             return 0
-        return bisect.bisect_left(self.edges, (backend.in_flight + 1) / backend.capacity)
+        return bisect.bisect_left(self.edges, (batch(backend) + 1) / backend.capacity)
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
         klass = request.workload_class
         scored = []
-        for b in with_room(view.backends):
+        # One arm per depth and load: a configuration's least loaded member stands for it.
+        for b in with_room(candidates_of(view).bests()):
             bucket = self.bucket(b)
             score, note = self._score(self._arms[(klass, b.steps or 0)], bucket)
             scored.append((score, b, bucket, note))

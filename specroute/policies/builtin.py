@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from specroute.policies.predict import load
-from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
+from collections.abc import Sequence
 
-__all__ = ["LeastLoaded", "RoundRobin"]
+from specroute.policies.groups import batch, candidates_of
+from specroute.policies.predict import load
+from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
+
+__all__ = ["LeastLoaded", "RoundRobin", "lowest_load"]
+
+
+def lowest_load(backends: Sequence[BackendView], turn: int) -> tuple[BackendView, float]:
+    """The backend with the lowest load of `backends` (ties: the `turn`-th), and that load."""
+    loads = [load(b) for b in backends]
+    lowest = min(loads)
+    tied = [b for b, x in zip(backends, loads, strict=True) if x == lowest]
+    return tied[turn % len(tied)], lowest
 
 
 class RoundRobin:
@@ -17,9 +28,13 @@ class RoundRobin:
         self._next = 0
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
-        backends = view.backends
-        chosen = backends[self._next % len(backends)]
-        self._next += 1
+        found = None if view.candidates is None else view.candidates.next_from(self._next)
+        if found is None:
+            chosen = view.backends[self._next % len(view.backends)]
+            self._next += 1
+        else:
+            at, chosen = found
+            self._next = at + 1
         return Decision(backend=chosen.name, reason="next in turn")
 
     def observe(self, outcome: Outcome) -> None:
@@ -35,14 +50,12 @@ class LeastLoaded:
         self._turn = 0
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
-        loads = [load(b) for b in view.backends]
-        lowest = min(loads)
-        tied = [b for b, x in zip(view.backends, loads, strict=True) if x == lowest]
-        chosen = tied[self._turn % len(tied)]
+        # Within a configuration the least loaded member wins; across them, the lowest load.
+        chosen, lowest = lowest_load(candidates_of(view).bests(self._turn), self._turn)
         self._turn += 1
         return Decision(
             backend=chosen.name,
-            reason=f"lowest load {lowest:.3g} req/slot ({chosen.in_flight} in flight)",
+            reason=f"lowest load {lowest:.3g} req/slot ({batch(chosen)} in flight)",
         )
 
     def observe(self, outcome: Outcome) -> None:

@@ -7,10 +7,11 @@ and `E_k` per class, as in the design's equations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from specroute.policies.groups import batch
 from specroute.policies.types import BackendView, PoolView
 from specroute.speculation import (
     DEFAULT_INTERCEPT_S,
@@ -34,18 +35,24 @@ _UNBOUNDED = 1 << 20  # capacity of a backend that did not say
 
 
 def load(backend: BackendView) -> float:
-    """Requests per unit of capacity; the proxy's own count is the fresh signal, the backend's
-    queue (from /metrics) adds what other clients put there."""
-    work = backend.in_flight + max(0, backend.queued or 0)
+    """Requests per unit of capacity: the pool's combined count where it has one (its scrape of
+    the backend plus this proxy's changes since), else this proxy's own plus the backend's
+    queue from /metrics (what other clients put there)."""
+    work = batch(backend)
+    if backend.combined is None:
+        work += max(0, backend.queued or 0)
     return work / backend.capacity if backend.capacity else float(work)
 
 
 def has_room(backend: BackendView) -> bool:
-    """Below its capacity (a backend that did not say has room)."""
-    return backend.capacity is None or backend.in_flight < backend.capacity
+    """Below its capacity, counting the other replicas' share of its room where the pool says
+    (a backend that did not say has room)."""
+    if backend.headroom is not None:
+        return backend.headroom > 0
+    return backend.capacity is None or batch(backend) < backend.capacity
 
 
-def with_room(backends: tuple[BackendView, ...]) -> tuple[BackendView, ...]:
+def with_room(backends: Sequence[BackendView]) -> Sequence[BackendView]:
     """The backends below their capacity, or all of them when every one is full."""
     return tuple(b for b in backends if has_room(b)) or backends
 
@@ -118,13 +125,13 @@ def predict(
     flight there (as the policy routed them), else they are taken to be like this one."""
     steps = backend.steps or 0
     capacity = backend.capacity or _UNBOUNDED
-    n = backend.in_flight
+    n = batch(backend)
     e_new = accept_length(view, request_class, steps)
     e_run, e_low = _running_accept(view, backend, steps, mix or {}, request_class)
     before = min(n, capacity)
     t_before = iteration_time(backend, before)
     thr_before = before * e_run / t_before if before else 0.0
-    if n < capacity:
+    if has_room(backend):
         t_after = iteration_time(backend, before + 1)
         speed = e_new / t_after
         gain = (before * e_run + e_new) / t_after - thr_before
@@ -144,7 +151,7 @@ def predict(
     speed = e_new / t_before
     service = mean_tokens(view, request_class) / max(speed, 1e-9)
     running_service = mean_tokens(view, request_class) * t_before / max(e_run, 1e-9)
-    wait = (n - capacity + 1) * running_service / capacity
+    wait = (max(n, capacity) - capacity + 1) * running_service / capacity
     effective = mean_tokens(view, request_class) / (wait + service)
     # Past capacity it adds nothing now; `queue_weight` values its later speed (0: only the
     # shortest wait decides among full backends).

@@ -9,6 +9,7 @@ import math
 
 import msgspec
 
+from specroute.policies.groups import batch, candidates_of
 from specroute.policies.predict import load
 from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
@@ -64,15 +65,17 @@ class Threshold:
         in_flight = view.in_flight_total
         capacity = view.capacity_total
         if in_flight is None:
-            in_flight = sum(b.in_flight for b in view.backends)
+            in_flight = sum(batch(b) for b in view.backends)
         if not capacity:
             capacity = sum(b.capacity or 0 for b in view.backends)
         pool_load = (in_flight + 1) / capacity if capacity else math.inf
         wanted = self.depth_for(pool_load)
         spread = self.options.spread
-        scores = [load(b) + spread * abs((b.steps or 0) - wanted) for b in view.backends]
+        # A configuration's least loaded member has its lowest score: one score per group.
+        bests = candidates_of(view).bests(self._turn)
+        scores = [load(b) + spread * abs((b.steps or 0) - wanted) for b in bests]
         best = min(scores)
-        tied = [b for b, x in zip(view.backends, scores, strict=True) if x <= best + 1e-12]
+        tied = [b for b, x in zip(bests, scores, strict=True) if x <= best + 1e-12]
         chosen = tied[self._turn % len(tied)]
         self._turn += 1
         return Decision(

@@ -9,6 +9,7 @@ from typing import Literal
 
 import msgspec
 
+from specroute.policies.groups import batch, candidates_of
 from specroute.policies.predict import Prediction, predict
 from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
@@ -51,12 +52,13 @@ class Throughput:
             lambda: defaultdict(float)
         )
 
-    def predictions(
-        self, request: RouteRequest, view: PoolView, mixes: dict[str, dict[str, float]]
-    ) -> list[Prediction]:
+    def predictions(self, request: RouteRequest, view: PoolView) -> list[Prediction]:
+        """One prediction per configuration, on its least loaded member: within a group the
+        least loaded has the largest gain, the fastest speed and the shortest wait."""
+        klass, weight = request.workload_class, self.options.queue_weight
         return [
-            predict(request.workload_class, b, view, mixes[b.name], self.options.queue_weight)
-            for b in view.backends
+            predict(klass, b, view, self._scaled_mix(b.name, batch(b)), weight)
+            for b in candidates_of(view).bests()
         ]
 
     def _scaled_mix(self, backend: str, in_flight: int) -> dict[str, float]:
@@ -69,8 +71,7 @@ class Throughput:
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
         options = self.options
-        mixes = {b.name: self._scaled_mix(b.name, b.in_flight) for b in view.backends}
-        preds = self.predictions(request, view, mixes)
+        preds = self.predictions(request, view)
         objective = options.objective
         # A backend past capacity only when every one is: the queue wait decides among them.
         pool = [p for p in preds if not p.full] or preds

@@ -3,11 +3,15 @@ and the outcome it learns from. Plain data, no I/O."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import msgspec
 
 from specroute.speculation import PRIOR_ALPHA
+
+if TYPE_CHECKING:
+    from specroute.policies.groups import Candidates
 
 __all__ = [
     "BackendView",
@@ -57,6 +61,12 @@ class BackendView(msgspec.Struct, frozen=True, kw_only=True):
     iteration_per_token_s: float | None = None
     """Fitted extra iteration time per token in the batch (running requests x (steps + 1))."""
     iteration_samples: int = 0
+    combined: int | None = None
+    """Requests on the backend from every proxy and client: its last scrape plus this proxy's
+    own changes since (None: no fresh scrape, only `in_flight` is known)."""
+    headroom: int | None = None
+    """Requests this proxy may still add before the backend is full, leaving the other replicas
+    their share of its room (None: capacity less `combined` or `in_flight`)."""
 
 
 class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,13 +83,16 @@ class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     """The backends this request may be sent to (healthy, circuit closed, below their limit,
     serving its model), in the pool's configured order; never empty when a policy is asked."""
 
-    backends: tuple[BackendView, ...]
+    backends: Sequence[BackendView]
     classes: dict[str, ClassEstimate] = msgspec.field(default_factory=dict)
     """Acceptance per workload class; a class missing here is unknown (use `prior_alpha`)."""
     prior_alpha: float = PRIOR_ALPHA
     in_flight_total: int | None = None
     """Requests in flight on every healthy backend, not only the candidates (None: unknown)."""
     capacity_total: int | None = None
+    candidates: Candidates | None = None
+    """The same backends grouped by configuration and ordered by load, kept up to date by the
+    pool (None: a policy groups `backends` itself, see `candidates_of`)."""
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
