@@ -54,7 +54,7 @@ def test_sweep_command_writes_json_csv_markdown_plots_then_compare_and_profile(
     profile = tmp_path / "profile.json"
     assert main(["bench", "profile", str(out), "-o", str(profile)]) == 0
     data = json.loads(profile.read_text())
-    assert data["schema"] == "specroute.bench-profile/1"
+    assert data["schema"] == "specroute.profile/2"
     assert data["targets"][0]["steps"] == 2
     assert [p["concurrency"] for p in data["targets"][0]["points"]] == [1, 2]
 

@@ -15,7 +15,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specroute"
 ALLOWED: dict[str, frozenset[str]] = {
     "proxy": frozenset({"pool", "policies"}),
     "pool": frozenset({"policies"}),
-    "launch": frozenset({"pool", "policies"}),  # the launcher checks the policy's depths
+    # `specroute tune` (launch/tune*) drives each launched server with the bench's sweep and,
+    # for --emulate, reads the emulator's seed figures; the launcher itself still needs only pool.
+    "launch": frozenset({"pool", "bench", "emulator", "policies"}),
     "policies": frozenset(),
     "planner": frozenset({"policies"}),
     "bench": frozenset(),
@@ -34,6 +36,7 @@ LEAVES = frozenset(
         "children",
         "looplag",
         "prometheus",
+        "profile_format",  # the profile file that bench and tune write and the pool reads
         "structdoc",  # field docstrings and type words for help and the example config
     }
 )

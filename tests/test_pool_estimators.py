@@ -198,7 +198,7 @@ def test_a_bench_profile_seeds_iteration_time_per_depth(tmp_path: Path) -> None:
         for k in (1, 3)
     ]  # fmt: skip
     path = tmp_path / "profile.json"
-    path.write_text(json.dumps({"schema": "specroute.bench-profile/1", "targets": targets}))
+    path.write_text(json.dumps({"schema": "specroute.profile/2", "targets": targets}))
     priors = load_profile_priors(path)
     assert set(priors) == {1, 3}
     assert priors[3] == (pytest.approx(0.015), pytest.approx(0.0002))

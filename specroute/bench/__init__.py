@@ -7,7 +7,7 @@ It talks to servers only over HTTP. Python API: `await run_sweep(SweepSettings(.
 from specroute.bench.client import BenchClient, RequestRecord
 from specroute.bench.compare import render_comparison
 from specroute.bench.levels import AcceptLengths, LevelSummary, summarize_level
-from specroute.bench.profile import BenchProfile, load_profile, profile_from_result
+from specroute.bench.profile import load_profile, merge_profiles, profile_from_result
 from specroute.bench.reference import (
     Reference,
     ReferencePoint,
@@ -38,7 +38,6 @@ __all__ = [
     "AcceptLengths",
     "ApiSettings",
     "BenchClient",
-    "BenchProfile",
     "ClientHealth",
     "LevelResult",
     "LevelSummary",
@@ -56,6 +55,7 @@ __all__ = [
     "load_reference",
     "load_result",
     "load_scenario",
+    "merge_profiles",
     "parse_target",
     "percentile",
     "profile_from_result",

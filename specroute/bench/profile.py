@@ -1,127 +1,75 @@
-"""Bench profiles: what a sweep measured, per target and concurrency, in the shape the
-throughput policy and the pool's estimators take as a prior (`specroute bench profile`).
-
-Schema `specroute.bench-profile/1` (JSON, msgspec Structs below)::
-
-    {"schema": "specroute.bench-profile/1", "source": "sweep.json", "created_at": "...",
-     "workload": {"greedy_share": 1.0, "temperature": 0.0, "ignore_eos": true,
-                  "max_tokens": 256, "prompt_words": 256, "api": "chat"},
-     "targets": [{"label": "steps3", "url": "http://...", "model": "...", "algorithm": "EAGLE",
-                  "steps": 3, "max_running_requests": 17,
-                  "points": [{"concurrency": 1, "per_request_tok_s": 234.0,
-                              "aggregate_tok_s": 230.1, "accept_length": 3.98,
-                              "iteration_time_s": 0.0170, "tpot_s": 0.00427,
-                              "ttft_p50_s": 0.02, "requests": 3, "client_limited": false}]}]}
+"""Bench profiles: what sweeps measured, per target, traffic and concurrency, in the profile
+format the pool loads as its prior (`specroute bench profile`; the format and its fits are
+`specroute.profile_format`, schema `specroute.profile/2`).
 
 `iteration_time_s` estimates one engine iteration at that load: the mean gap between chunks
-after the first (inter-token latency times tokens per chunk), i.e. accept length x time per
-token. `accept_length` is tokens per verify from the most exact source the sweep had.
+after the first (inter-token latency times tokens per chunk). Sweeps against an emulator run
+with `--time-scale X` are scaled back (`time_scale`): rates divided by X, times multiplied.
 """
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 
 from specroute.bench.sweep import LevelResult, SweepResult, TargetResult
+from specroute.bench.workload import PromptSettings, Sampling
+from specroute.profile_format import (
+    SCHEMA,
+    Point,
+    Profile,
+    Target,
+    Traffic,
+    decode_profile,
+    encode_profile,
+    with_fits,
+)
 
 __all__ = [
-    "PROFILE_SCHEMA",
-    "BenchProfile",
-    "ProfilePoint",
-    "ProfileWorkload",
-    "TargetProfile",
+    "SCHEMA",
     "encode_profile",
     "load_profile",
+    "merge_profiles",
     "profile_from_result",
+    "traffic_of",
 ]
 
-PROFILE_SCHEMA = "specroute.bench-profile/1"
 
-
-class ProfilePoint(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One closed-loop level of one target."""
-
-    concurrency: int
-    per_request_tok_s: float
-    """Mean over requests of 1 / TPOT."""
-    aggregate_tok_s: float
-    """Completion tokens / level wall time."""
-    accept_length: float | None
-    """Tokens per verify step (bonus token included)."""
-    iteration_time_s: float | None
-    """Estimated engine iteration time at this load (mean chunk gap)."""
-    tpot_s: float
-    ttft_p50_s: float
-    requests: int
-    client_limited: bool = False
-    """True when the client, not the server, may have capped this point."""
-
-
-class ProfileWorkload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The traffic the profile was measured with (acceptance depends on it)."""
-
-    greedy_share: float
-    temperature: float
-    ignore_eos: bool
-    max_tokens: int
-    prompt_words: int
-    api: str
-
-
-class TargetProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    label: str
-    url: str
-    model: str | None
-    algorithm: str | None
-    steps: int | None
-    """`speculative_num_steps` from /server_info (None if the server did not say)."""
-    max_running_requests: int | None
-    points: list[ProfilePoint]
-
-
-class BenchProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    schema: str = PROFILE_SCHEMA
-    source: str = ""
-    created_at: str = ""
-    workload: ProfileWorkload
-    targets: list[TargetProfile]
-
-    def __post_init__(self) -> None:
-        if self.schema != PROFILE_SCHEMA:
-            raise ValueError(f"unsupported profile schema {self.schema!r}")
-
-
-def _point(level: LevelResult) -> ProfilePoint:
+def _point(level: LevelResult, traffic: str, scale: float) -> Point:
     s = level.summary
     tokens_per_chunk = s.accept.chunks or s.accept.best()
-    return ProfilePoint(
+    iteration = s.itl.mean * tokens_per_chunk if tokens_per_chunk and s.itl.count else None
+    return Point(
+        traffic=traffic,
         concurrency=level.concurrency,
-        per_request_tok_s=s.per_request_tok_s,
-        aggregate_tok_s=s.aggregate_tok_s,
+        per_request_tok_s=s.per_request_tok_s / scale,
+        aggregate_tok_s=s.aggregate_tok_s / scale,
         accept_length=s.accept.best(),
-        iteration_time_s=s.itl.mean * tokens_per_chunk
-        if tokens_per_chunk and s.itl.count
-        else None,
-        tpot_s=s.tpot.mean,
-        ttft_p50_s=s.ttft.p50,
+        accept_chunks=s.accept.chunks,
+        accept_sglext=s.accept.sglext,
+        accept_metrics=s.accept.metrics,
+        iteration_time_s=iteration * scale if iteration is not None else None,
+        tpot_s=s.tpot.mean * scale,
+        ttft_p50_s=s.ttft.p50 * scale,
         requests=s.succeeded,
+        errors=s.errors,
         client_limited=level.client.limited,
     )
 
 
-def _target(target: TargetResult, levels: list[LevelResult]) -> TargetProfile:
+def _target(target: TargetResult, levels: list[LevelResult], traffic: str, scale: float) -> Target:
     points = sorted(
         (
-            _point(lv)
+            _point(lv, traffic, scale)
             for lv in levels
             if lv.target == target.label and lv.rate is None and lv.summary.succeeded
         ),
         key=lambda p: p.concurrency,
     )
-    return TargetProfile(
+    return Target(
         label=target.label,
         url=target.url,
         model=target.facts.model,
@@ -132,30 +80,69 @@ def _target(target: TargetResult, levels: list[LevelResult]) -> TargetProfile:
     )
 
 
-def profile_from_result(result: SweepResult, *, source: str = "") -> BenchProfile:
-    """The closed-loop levels of a sweep as a profile."""
-    mix = [s for s in result.settings.mix if s.weight > 0]
-    total = sum(s.weight for s in mix) or 1.0
-    first = mix[0] if mix else result.settings.mix[0]
-    workload = ProfileWorkload(
-        greedy_share=sum(s.weight for s in mix if s.greedy) / total,
+def _prompts(settings: PromptSettings) -> str:
+    if settings.source == "synthetic":
+        return f"synthetic, {settings.words} words"
+    return f"{settings.source} {settings.path}"
+
+
+def traffic_of(mix: list[Sampling], prompts: PromptSettings, api: str) -> Traffic:
+    """One sweep's traffic: its sampling class, or `mix` of several (greedy only if all are)."""
+    live = [s for s in mix if s.weight > 0] or mix
+    first = live[0]
+    return Traffic(
+        name=first.name if len(live) == 1 else "mix",
         temperature=first.temperature,
+        top_p=first.top_p,
+        greedy=all(s.greedy for s in live),
         ignore_eos=first.ignore_eos,
         max_tokens=first.max_tokens,
-        prompt_words=result.settings.prompts.words,
-        api=result.settings.api.api,
-    )
-    return BenchProfile(
-        source=source,
-        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        workload=workload,
-        targets=[_target(t, result.levels) for t in result.targets],
+        prompts=_prompts(prompts),
+        api=api,
     )
 
 
-def encode_profile(profile: BenchProfile) -> bytes:
-    return msgspec.json.format(msgspec.json.encode(profile), indent=2)
+def profile_from_result(
+    result: SweepResult, *, source: str = "", time_scale: float = 1.0
+) -> Profile:
+    """The closed-loop levels of a sweep as a profile, fitted."""
+    traffic = traffic_of(result.settings.mix, result.settings.prompts, result.settings.api.api)
+    targets = [_target(t, result.levels, traffic.name, time_scale) for t in result.targets]
+    return with_fits(
+        Profile(
+            source=source,
+            created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            models=sorted({t.model for t in targets if t.model}),
+            traffic=[traffic],
+            targets=targets,
+        )
+    )
 
 
-def load_profile(path: str | Path) -> BenchProfile:
-    return msgspec.json.decode(Path(path).read_bytes(), type=BenchProfile)
+def merge_profiles(profiles: Iterable[Profile], *, source: str = "") -> Profile:
+    """One profile from several (one per traffic kind, say): targets of the same label pool
+    their points, traffic kinds are listed once, and the fits are redone over everything."""
+    targets: dict[str, Target] = {}
+    traffic: dict[str, Traffic] = {}
+    created = ""
+    for profile in profiles:
+        created = max(created, profile.created_at)
+        traffic.update({t.name: t for t in profile.traffic})
+        for target in profile.targets:
+            known = targets.get(target.label)
+            points = [*known.points, *target.points] if known else list(target.points)
+            targets[target.label] = msgspec.structs.replace(target, points=points)
+    merged = list(targets.values())
+    return with_fits(
+        Profile(
+            source=source,
+            created_at=created,
+            models=sorted({t.model for t in merged if t.model}),
+            traffic=list(traffic.values()),
+            targets=merged,
+        )
+    )
+
+
+def load_profile(path: str | Path) -> Profile:
+    return decode_profile(Path(path).read_bytes(), source=str(path))

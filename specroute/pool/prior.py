@@ -1,70 +1,101 @@
-"""Iteration-time priors from a bench profile (`specroute bench profile`, schema
-`specroute.bench-profile/1`): one straight-line fit of iteration time against batch tokens per
-depth. Read with structs of our own so the pool never imports the bench."""
+"""The pool's prior: a profile file (`specroute tune`, `specroute bench profile`; the format is
+`specroute.profile_format`) read at start-up into the estimators, so the first requests route
+with the fitted iteration times and acceptance instead of the built-in defaults."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 
 import msgspec
 
-from specroute.pool.telemetry import IterationPrior
+from specroute.errors import ConfigError
+from specroute.pool.telemetry import IterationPrior, Telemetry
+from specroute.profile_format import SCHEMA, ProfileFormatError, decode_profile
+from specroute.speculation import PRIOR_ALPHA
 
-__all__ = ["PROFILE_SCHEMA", "load_profile_priors", "priors_from_profile"]
+__all__ = [
+    "PRIOR_VERIFIES",
+    "PROFILE_SCHEMA",
+    "Prior",
+    "load_prior",
+    "load_profile_priors",
+    "prior_from_profile",
+    "prior_telemetry",
+    "priors_from_profile",
+]
 
-PROFILE_SCHEMA = "specroute.bench-profile/1"
-
-
-class _Point(msgspec.Struct):
-    concurrency: int
-    iteration_time_s: float | None = None
-
-
-class _Target(msgspec.Struct):
-    steps: int | None = None
-    max_running_requests: int | None = None
-    points: list[_Point] = []
-
-
-class _Profile(msgspec.Struct):
-    schema: str
-    targets: list[_Target] = []
+PROFILE_SCHEMA = SCHEMA
+PRIOR_VERIFIES = 200.0
+"""Verifies a prior's accept length counts as: a few requests' worth, so live traffic unlike
+the profiled traffic takes over within seconds."""
 
 
-def _fit(points: list[tuple[float, float]]) -> IterationPrior | None:
-    """Least squares `seconds = intercept + slope * tokens`; a flat line from one batch size."""
-    if not points:
-        return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    if sxx <= 0:
-        return my, 0.0
-    slope = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx)
-    return max(1e-6, my - slope * mx), slope
+class Prior(msgspec.Struct, frozen=True, kw_only=True):
+    """What the pool takes from a profile: per depth T(b, k) and R(k), per sampling bucket the
+    accept length per depth and alpha, and the model names its classes are keyed by."""
+
+    source: str = ""
+    iteration: dict[int, IterationPrior] = {}
+    capacity: dict[int, int] = {}
+    accept_length: dict[str, dict[int, float]] = {}
+    alpha: dict[str, float] = {}
+    models: tuple[str, ...] = ()
+
+    def telemetry(self) -> Telemetry:
+        """Estimators that start from this prior. Classes are the proxy's `model:bucket`, each
+        accept length worth PRIOR_VERIFIES verifies; a class it has no figure for (another
+        model name, a client's own class) starts at the sampled alpha, SGLang's default being
+        sampling."""
+        telemetry = Telemetry(prior_alpha=self.alpha.get("sampled", PRIOR_ALPHA))
+        telemetry.seed(self.iteration.items())
+        for model in self.models:
+            for bucket, lengths in self.accept_length.items():
+                for steps, length in sorted(lengths.items()):
+                    telemetry.acceptance.observe(
+                        f"{model}:{bucket}", steps=steps, accept_length=length,
+                        verifies=PRIOR_VERIFIES,
+                    )  # fmt: skip
+        return telemetry
+
+
+def prior_from_profile(data: bytes, *, source: str = "") -> Prior:
+    """The prior in a profile's JSON; ProfileFormatError if it is not version 2."""
+    profile = decode_profile(data, source=source)
+    models = {t.model for t in profile.targets if t.model} | set(profile.models)
+    return Prior(
+        source=source,
+        iteration={d.steps: (d.intercept_s, d.per_token_s) for d in profile.depths},
+        capacity={
+            d.steps: d.max_running_requests for d in profile.depths if d.max_running_requests
+        },
+        accept_length={b: dict(f.accept_length) for b, f in profile.acceptance.items()},
+        alpha={b: f.alpha for b, f in profile.acceptance.items()},
+        models=tuple(sorted(models)),
+    )
+
+
+def load_prior(path: str | Path) -> Prior:
+    """The prior in the file at `path`; ConfigError (exit status 2 at start-up) naming the file
+    when it cannot be read or is not a profile this version reads."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read prior file {str(path)!r}: {exc.strerror}") from exc
+    try:
+        return prior_from_profile(data, source=str(path))
+    except ProfileFormatError as exc:
+        raise ConfigError(f"invalid prior: {exc}") from exc
+
+
+def prior_telemetry(path: str | Path | None) -> Telemetry:
+    """The pool's estimators: from the prior at `path`, or the built-in defaults."""
+    return Telemetry() if path is None else load_prior(path).telemetry()
 
 
 def priors_from_profile(data: bytes) -> dict[int, IterationPrior]:
-    """Priors per depth from a profile's JSON; targets without a depth are skipped."""
-    profile = msgspec.json.decode(data, type=_Profile)
-    if profile.schema != PROFILE_SCHEMA:
-        raise ValueError(f"not a bench profile: schema {profile.schema!r}, want {PROFILE_SCHEMA}")
-    by_steps: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
-    for target in profile.targets:
-        if target.steps is None:
-            continue
-        for point in target.points:
-            if point.iteration_time_s is None or point.iteration_time_s <= 0:
-                continue
-            running = point.concurrency
-            if target.max_running_requests:
-                running = min(running, target.max_running_requests)
-            by_steps[target.steps].append((running * (target.steps + 1.0), point.iteration_time_s))
-    priors = {steps: _fit(points) for steps, points in by_steps.items()}
-    return {steps: prior for steps, prior in priors.items() if prior is not None}
+    """Iteration-time priors per depth from a profile's JSON."""
+    return prior_from_profile(data).iteration
 
 
 def load_profile_priors(path: str | Path) -> dict[int, IterationPrior]:
-    return priors_from_profile(Path(path).read_bytes())
+    return load_prior(path).iteration
