@@ -25,13 +25,13 @@ from specroute.bench import (
 )
 from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES, get_profile
-from specroute.emulator.seed import SEED_AGGREGATE_TOK_S, SEED_PER_REQUEST_TOK_S
+from specroute.emulator.seed import SEED_AGGREGATE_TOK_S, SEED_PER_REQUEST_TOK_S, SEED_TOLERANCE
 from specroute.emulator.simulate import run_closed_loop
 from specroute.logs import configure_logging
 
 __all__ = ["TOLERANCE", "calibration_settings", "register", "run_calibration", "seed_reference"]
 
-TOLERANCE = 0.07
+TOLERANCE = SEED_TOLERANCE
 PROMPT_WORDS = 256
 OUTPUT_TOKENS = 256
 STEPS = (1, 2, 3)
