@@ -29,6 +29,7 @@ __all__ = [
     "HealthConfig",
     "LearnConfig",
     "LimitsConfig",
+    "PriorConfig",
     "ReplicasConfig",
     "RetryConfig",
     "TimeoutConfig",
@@ -252,6 +253,16 @@ class ReplicasConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=
                 raise ValueError(f"peer url {url!r} must start with http:// or https://")
 
 
+class PriorConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A profile the pool starts from (`specroute tune` writes one as `prior.json`, `specroute
+    bench profile` one from a sweep): iteration times per depth and acceptance per sampling
+    class, so the first requests route as well as after warm-up. Read once at start-up; a file
+    that cannot be read or has another format version stops the start with status 2."""
+
+    path: Annotated[str, msgspec.Meta(examples=["specroute-tune/prior.json"])] | None = None
+    """The profile file; unset: built-in defaults until the pool has learned from requests."""
+
+
 class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything `specroute serve` needs."""
 
@@ -283,6 +294,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     client: ClientConfig = msgspec.field(default_factory=ClientConfig)
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     replicas: ReplicasConfig = msgspec.field(default_factory=ReplicasConfig)
+    prior: PriorConfig = msgspec.field(default_factory=PriorConfig)
 
     def __post_init__(self) -> None:
         labels = [b.label for b in self.backends]

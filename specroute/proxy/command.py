@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("--admin-key", metavar="KEY", help="key for PUT /policy")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--prior", metavar="FILE", help="profile to start routing from (from `specroute tune`)"
+    )
     parser.set_defaults(run=run)
 
 
@@ -55,6 +58,7 @@ def build_config(args: argparse.Namespace) -> Config:
         "api_keys": args.api_key,
         "admin_key": args.admin_key,
         "log_level": args.log_level,
+        "prior": {"path": args.prior} if args.prior else None,
     }
     config = load_config(args.config, environ=os.environ, overrides=overrides)
     if not config.backends:
@@ -65,6 +69,10 @@ def build_config(args: argparse.Namespace) -> Config:
         create(config.policy)  # a name, or `name:key=value,...` with the policy's options
     except UnknownPolicyError as exc:
         raise ConfigError(f"invalid configuration: {exc} - at `$.policy`") from exc
+    if config.prior.path is not None:
+        from specroute.pool.prior import load_prior
+
+        load_prior(config.prior.path)  # a bad file stops the start here, with its reason
     return config
 
 
