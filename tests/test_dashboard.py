@@ -87,6 +87,7 @@ def test_data_since_returns_only_newer_samples_from_a_bounded_ring() -> None:
     assert len(_samples(sampler.since(100))) == 5
     data = msgspec.json.decode(sampler.since(8))
     assert (data["seq"], data["size"], data["interval_s"]) == (8, 5, 1.0)
+    assert data["rate_s"] == 5.0  # the span each tok/s is averaged over, which the page names
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def proxy(emulator: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 def test_dashboard_page_needs_no_key_and_loads_nothing_from_elsewhere(proxy: Server) -> None:
     page = httpx.get(proxy.url + "/dashboard", timeout=10)
     assert page.status_code == 200
-    assert page.headers["content-type"].startswith("text/html")
+    assert page.headers["content-type"] == "text/html; charset=utf-8"  # the charset once
     csp = page.headers["content-security-policy"]
     assert "default-src 'none'" in csp
     assert "connect-src 'self'" in csp

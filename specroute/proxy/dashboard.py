@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import msgspec
 import structlog
-from litestar import Litestar, Response, get
+from litestar import Litestar, MediaType, Response, get
 from litestar.params import Parameter
 
 from specroute.pool import Backend
@@ -182,7 +182,10 @@ class Sampler:
         # restart of the proxy (larger than ours) gets everything.
         newer = kept if seq > self.seq else min(kept, self.seq - max(seq, 0))
         body = b",".join(self.samples[i][1] for i in range(kept - newer, kept))
-        head = f'{{"interval_s":{self.interval_s},"seq":{self.seq},"size":{self.samples.maxlen},'
+        head = (
+            f'{{"interval_s":{self.interval_s},"rate_s":{RATE_WINDOW * self.interval_s},'
+            f'"seq":{self.seq},"size":{self.samples.maxlen},'
+        )
         return head.encode() + b'"samples":[' + body + b"]}"
 
     async def run(self) -> None:
@@ -220,7 +223,8 @@ class Dashboard:
 
         @get("/dashboard", sync_to_thread=False, opt=PUBLIC, include_in_schema=False)
         def dashboard() -> Response[bytes]:
-            return Response(page, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+            # Litestar appends `; charset=utf-8` to a text media type itself.
+            return Response(page, media_type=MediaType.HTML, headers=PAGE_HEADERS)
 
         @get("/dashboard/data", sync_to_thread=False)
         def dashboard_data(since: Annotated[int, Parameter(ge=0)] = 0) -> Response[bytes]:
