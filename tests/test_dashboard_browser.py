@@ -144,14 +144,66 @@ def test_dashboard_shows_live_numbers_that_change_under_load(demo: str, tmp_path
                     arg=[before, seq],
                 )
                 assert page.text_content("#share-legend b")  # a share per depth is shown
+                _share_axis_matches_its_title(page, "5 min", 300)
+                _relayed_and_server_rates_are_explained(page)
+                _decisions_are_a_bounded_list(page)
                 _switch_policy_from_the_page(page, demo)
                 page.click("button[data-window='60']")
+                _share_axis_matches_its_title(page, "1 min", 60)
                 page.wait_for_timeout(hold_ms)
                 page.screenshot(path=str(shot), full_page=True)
             assert not errors
         finally:
             browser.close()
     assert shot.stat().st_size > 20_000
+
+
+def _share_axis_matches_its_title(page: playwright.Page, window: str, seconds: int) -> None:
+    """The chart's title names the window its axis spans; the 10 s is each point's smoothing."""
+    title = page.text_content("#share-title") or ""
+    assert title.endswith(f"last {window}"), title
+    assert page.text_content("#share-from") == f"\u2212{window}"
+    assert page.get_attribute("#share-chart", "data-window-s") == str(seconds)
+    assert "trailing 10 s" in (page.text_content("#share") or "")
+    assert "trailing 10 s" in (page.text_content("#share-legend") or "")
+
+
+def _relayed_and_server_rates_are_explained(page: playwright.Page) -> None:
+    """What "230 tok/s · server 294" means: on the page and in each number's tooltip."""
+    legend = page.text_content("#backends-legend") or ""
+    assert "relayed" in legend
+    assert "gen_throughput" in legend
+    page.wait_for_function(
+        "[...document.querySelectorAll('[data-metric=tok_s] small')]"
+        ".some((e) => e.textContent.includes('server'))"
+    )
+    for number in page.query_selector_all("[data-metric=tok_s]"):
+        small, tip = number.text_content() or "", number.get_attribute("title") or ""
+        assert "tok/s relayed" in small
+        assert "this proxy relayed" in tip
+        assert ("server" in small) == ("gen_throughput" in tip)
+
+
+ROWS = "document.querySelectorAll('#decision-list tbody tr').length"
+
+
+def _decisions_are_a_bounded_list(page: playwright.Page) -> None:
+    """The newest 20 first, more on request, in a box that scrolls: the table below stays put."""
+    page.wait_for_selector("#decisions-more:not([hidden])")
+    assert page.evaluate(ROWS) == 20
+    ages = page.eval_on_selector_all(
+        "#decision-list tbody tr td:first-child", "els => els.map(e => parseFloat(e.textContent))"
+    )
+    assert ages == sorted(ages)
+    classes_at = page.evaluate("document.querySelector('#classes').offsetTop")
+    page.click("#decisions-more")
+    assert page.evaluate(ROWS) > 20
+    assert "last 20" in (page.text_content("#decisions-more") or "")
+    box = page.eval_on_selector("#decision-list", "e => [e.clientHeight, e.scrollHeight]")
+    assert box[0] < box[1]  # it scrolls instead of growing
+    assert page.evaluate("document.querySelector('#classes').offsetTop") == classes_at
+    page.click("#decisions-more")
+    assert page.evaluate(ROWS) == 20
 
 
 def _switch_policy_from_the_page(page: playwright.Page, url: str) -> None:
