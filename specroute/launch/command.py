@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from specroute.config import Config, load_config
+from specroute.errors import ConfigError
 from specroute.launch.plan import (
     ALGORITHMS,
+    DEFAULT_MAX_RUNNING_REQUESTS,
     EMULATED_MODEL,
     LaunchOptions,
     LaunchPlan,
@@ -17,9 +22,12 @@ from specroute.launch.plan import (
     build_plan,
     format_plan,
     parse_gpus,
+    parse_per_depth_args,
+    parse_per_depth_counts,
     parse_steps,
 )
 from specroute.logs import configure_logging
+from specroute.policies import UnknownPolicyError, create, pinned_depth
 
 __all__ = ["options_from_args", "register", "run"]
 
@@ -28,7 +36,9 @@ DESCRIPTION = (
     "port with the flags SGLang needs, wait until every one answers /ready, then run the "
     "routing proxy in front of them. Servers that die are restarted with backoff; Ctrl-C stops "
     "the proxy first (its streams drain), then the servers. With the sglang package installed, "
-    "every command line is checked by SGLang's own argument resolver before anything starts."
+    "every command line is checked by SGLang's own argument resolver before anything starts. "
+    "The proxy's settings come from --config, SPECROUTE_* variables and these flags, as for "
+    "`specroute serve`; its keys reach it in its environment, never on its command line."
 )
 
 
@@ -47,16 +57,30 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add("--draft-model", default=None, help="draft model path (EAGLE, EAGLE3)")
     add("--tp", type=int, default=1, help="GPUs per server (tensor parallel size)")
     add("--gpus", default="all", help="GPU indices to share out in order, or 'all'")
-    add("--host", default="127.0.0.1", help="address the proxy and servers listen on")
-    add("--port", type=int, default=8000, help="the proxy's port")
+    add("--host", default=None,
+        help="address the proxy listens on (default: the config's host, else 127.0.0.1)")
+    add("--port", type=int, default=None,
+        help="the proxy's port (default: the config's port, else 8000)")
+    add("--server-host", default="127.0.0.1",
+        help="address the SGLang servers listen on; they take no keys, so keep it private")
     add("--base-port", type=int, default=30000, help="first server's port; the next get +1, +2")
-    add("--max-running-requests", type=int, default=48,
-        help="passed to every server (SGLang resets an unset value to 48 under speculation)")
-    add("--sglang-arg", action="append", default=[], metavar="ARG",
-        help="extra SGLang flag, repeatable: --sglang-arg=--mem-fraction-static=0.8")
-    add("--emulator-arg", action="append", default=[], metavar="ARG",
-        help="extra `specroute emulate` flag with --emulate, e.g. --emulator-arg=--time-scale=5")
-    add("--policy", default="throughput", help="the proxy's routing policy")
+    add("--max-running-requests", default=str(DEFAULT_MAX_RUNNING_REQUESTS), metavar="N|K=N,...",
+        help="per server: one N for all, or per depth, 1=26,2=21,3=17 (a bare N for the rest); "
+        "SGLang resets an unset value to 48 under speculation")
+    add("--sglang-arg", action="append", default=[], metavar="[K:]ARG",
+        help="extra SGLang flag, repeatable: --sglang-arg=--mem-fraction-static=0.8 for every "
+        "server, --sglang-arg=3:--mem-fraction-static=0.85 for the depth-3 one")
+    add("--emulator-arg", action="append", default=[], metavar="[K:]ARG",
+        help="extra `specroute emulate` flag with --emulate, e.g. --emulator-arg=--time-scale=5 "
+        "(K: as for --sglang-arg)")
+    add("--config", default=None, metavar="FILE",
+        help="the proxy's TOML settings (`specroute config example`); its backends are replaced "
+        "by the launched servers")
+    add("--policy", default=None,
+        help="the proxy's routing policy (default: the config's, else throughput)")
+    add("--api-key", action="append", default=None, metavar="KEY",
+        help="client key the proxy accepts (repeatable); replaces the config's api_keys")
+    add("--admin-key", default=None, metavar="KEY", help="the proxy's key for PUT /policy")
     add("--log-dir", type=Path, default=Path("specroute-logs"), help="one log file per process")
     add("--ready-timeout", type=float, default=900.0, metavar="SECONDS",
         help="how long servers may take to load before the launch fails")
@@ -71,11 +95,43 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 # fmt: on
 
 
-def options_from_args(args: argparse.Namespace) -> LaunchOptions:
+def proxy_config(args: argparse.Namespace) -> Config:
+    """The proxy's settings as `specroute serve` will read them (file, SPECROUTE_* variables,
+    these flags), so that a bad one stops the launch before any server starts."""
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "policy": args.policy,
+        "api_keys": args.api_key,
+        "admin_key": args.admin_key,
+        "backends": [{"url": "http://127.0.0.1:1"}],  # stands in for the launched servers
+    }
+    config = load_config(args.config, environ=os.environ, overrides=overrides)
+    try:
+        create(config.policy)
+    except UnknownPolicyError as exc:
+        raise ConfigError(f"invalid configuration: {exc} - at `$.policy`") from exc
+    return config
+
+
+def _proxy_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {}
+    if args.api_key:
+        env["SPECROUTE_API_KEYS"] = ",".join(args.api_key)
+    if args.admin_key:
+        env["SPECROUTE_ADMIN_KEY"] = args.admin_key
+    return env
+
+
+def options_from_args(args: argparse.Namespace, config: Config | None = None) -> LaunchOptions:
     """The launch options; raises PlanError naming the flag at fault."""
     model = args.model or (EMULATED_MODEL if args.emulate else None)
     if model is None:
         raise PlanError("--model PATH is required (or --emulate)")
+    config = config or proxy_config(args)
+    every, by_depth = parse_per_depth_counts(args.max_running_requests, "--max-running-requests")
+    sglang_args, sglang_by_depth = parse_per_depth_args(args.sglang_arg)
+    emulator_args, emulator_by_depth = parse_per_depth_args(args.emulator_arg)
     return LaunchOptions(
         model=model,
         steps=parse_steps(args.steps),
@@ -83,21 +139,65 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         draft_model=args.draft_model,
         tp=args.tp,
         gpus=parse_gpus(args.gpus),
-        host=args.host,
-        port=args.port,
+        host=args.server_host,
+        proxy_host=config.host,
+        port=config.port,
         base_port=args.base_port,
-        max_running_requests=args.max_running_requests,
-        sglang_args=tuple(args.sglang_arg),
-        emulator_args=tuple(args.emulator_arg),
-        policy=args.policy,
+        max_running_requests=every or DEFAULT_MAX_RUNNING_REQUESTS,
+        max_running_by_depth=by_depth,
+        sglang_args=sglang_args,
+        sglang_args_by_depth=sglang_by_depth,
+        emulator_args=emulator_args,
+        emulator_args_by_depth=emulator_by_depth,
+        policy=config.policy,
+        proxy_config=str(args.config) if args.config is not None else None,
+        proxy_env=_proxy_env(args),
         emulate=args.emulate,
     )
+
+
+def _check_policy_depth(config: Config, options: LaunchOptions) -> None:
+    """A policy pinned to a depth no launched server runs is an error: the depths are known."""
+    wanted = pinned_depth(create(config.policy))
+    if wanted is not None and wanted not in options.steps:
+        launched = ",".join(map(str, options.steps))
+        raise PlanError(
+            f"the policy {config.policy} sends every request to depth {wanted}, but --steps "
+            f"{launched} starts no server at that depth"
+        )
+
+
+def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
+    """Warnings for addresses beyond this machine: servers without keys, a proxy without."""
+    notes = []
+    if not _loopback(options.host):
+        notes.append(
+            f"warning: the SGLang servers listen on {options.host} and take no keys: keep that "
+            "network private, or leave --server-host at 127.0.0.1"
+        )
+    if not _loopback(config.host) and not config.api_keys:
+        notes.append(
+            f"warning: the proxy listens on {config.host} without api_keys: anyone who reaches "
+            "it can use it (--api-key, or api_keys in --config)"
+        )
+    return notes
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _plan(args: argparse.Namespace) -> LaunchPlan:
     from specroute.launch.launcher import detect_gpus
 
-    options = options_from_args(args)
+    config = proxy_config(args)
+    options = options_from_args(args, config)
+    _check_policy_depth(config, options)
+    for note in _exposure_notes(config, options):
+        print(f"specroute launch: {note}", file=sys.stderr)
     detected = () if options.emulate or options.gpus is not None else detect_gpus()
     if not options.emulate and options.gpus is None and not detected:
         raise PlanError(
@@ -121,7 +221,7 @@ def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | No
 def run(args: argparse.Namespace) -> int:
     try:
         plan = _plan(args)
-    except (PlanError, ValueError) as exc:
+    except (PlanError, ConfigError, ValueError) as exc:
         print(f"specroute launch: {exc}", file=sys.stderr)
         return 2
     verdicts = _sglang_verdict(plan, args)

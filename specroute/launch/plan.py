@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import msgspec
@@ -19,6 +20,8 @@ __all__ = [
     "build_plan",
     "format_plan",
     "parse_gpus",
+    "parse_per_depth_args",
+    "parse_per_depth_counts",
     "parse_steps",
     "sglang_server_args",
 ]
@@ -28,6 +31,8 @@ ALGORITHMS = ("NEXTN", "EAGLE", "EAGLE3")
 DEFAULT_MAX_RUNNING_REQUESTS = 48
 # `--emulate` without `--model`: the emulator serves its profile's model name.
 EMULATED_MODEL = "emulated"
+# The proxy's keys travel in its environment, never on its command line (`ps` shows that).
+KEY_VARIABLES = ("SPECROUTE_API_KEYS", "SPECROUTE_ADMIN_KEY")
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 Depth = Annotated[int, msgspec.Meta(ge=0, le=16)]
@@ -38,7 +43,12 @@ class PlanError(ValueError):
 
 
 class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What `specroute launch` was asked for. `gpus` None means every GPU found on the host."""
+    """What `specroute launch` was asked for. `gpus` None means every GPU found on the host.
+
+    `host` is where the servers listen (`--server-host`: they take no keys, so loopback unless
+    asked), `proxy_host` where the proxy does (`--host`). The `*_by_depth` fields add to or
+    override, for one depth's server, what the plain field gives every server.
+    """
 
     model: str
     steps: tuple[Depth, ...]
@@ -47,12 +57,18 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     tp: Count = 1
     gpus: tuple[int, ...] | None = None
     host: str = "127.0.0.1"
+    proxy_host: str = "127.0.0.1"
     port: Port = 8000
     base_port: Port = 30000
     max_running_requests: Count = DEFAULT_MAX_RUNNING_REQUESTS
+    max_running_by_depth: dict[Depth, Count] = {}
     sglang_args: tuple[str, ...] = ()
+    sglang_args_by_depth: dict[Depth, tuple[str, ...]] = {}
     emulator_args: tuple[str, ...] = ()
+    emulator_args_by_depth: dict[Depth, tuple[str, ...]] = {}
     policy: str = "least_loaded"
+    proxy_config: str | None = None
+    proxy_env: dict[str, str] = {}
     emulate: bool = False
 
     def __post_init__(self) -> None:
@@ -64,6 +80,24 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise PlanError(f"--algorithm {self.algorithm} needs --draft-model PATH")
         if self.base_port + len(self.steps) > 65536:
             raise PlanError(f"--base-port {self.base_port} leaves no room for every server")
+        for flag, given in (
+            ("--max-running-requests", self.max_running_by_depth),
+            ("--sglang-arg", self.sglang_args_by_depth),
+            ("--emulator-arg", self.emulator_args_by_depth),
+        ):
+            stray = sorted(set(given) - set(self.steps))
+            if stray:
+                raise PlanError(f"{flag} names depth {stray[0]}, which --steps does not launch")
+
+    def running_limit(self, steps: int) -> int:
+        """`--max-running-requests` for the server at depth `steps`."""
+        return self.max_running_by_depth.get(steps, self.max_running_requests)
+
+    def extra_args(self, steps: int) -> list[str]:
+        """The extra flags for the server at depth `steps`: every server's, then its own."""
+        if self.emulate:
+            return [*self.emulator_args, *self.emulator_args_by_depth.get(steps, ())]
+        return [*self.sglang_args, *self.sglang_args_by_depth.get(steps, ())]
 
 
 class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,10 +109,15 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     url: str
     steps: int | None = None
     gpus: tuple[int, ...] = ()
+    secrets: tuple[str, ...] = ()
+    """Variables of `env` whose values `shell()` hides (keys: logs and --dry-run show it)."""
 
     def shell(self) -> str:
-        """The command as one line a shell would run, environment first."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        """The command as one line a shell would run, environment first, secrets hidden."""
+        env = " ".join(
+            f"{k}={'<hidden>' if k in self.secrets else shlex.quote(v)}"
+            for k, v in sorted(self.env.items())
+        )
         return (env + " " if env else "") + shlex.join(self.argv)
 
 
@@ -93,6 +132,46 @@ def parse_steps(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError as exc:
         raise PlanError(f"--steps must be comma-separated integers, not {text!r}") from exc
+
+
+def _depth_item(item: str, flag: str) -> tuple[int, str]:
+    depth, _, value = item.partition("=")
+    try:
+        return int(depth), value
+    except ValueError as exc:
+        raise PlanError(f"{flag}: {item!r} is not DEPTH=VALUE") from exc
+
+
+def parse_per_depth_counts(text: str, flag: str) -> tuple[int | None, dict[int, int]]:
+    """`"48"` -> (48, {}); `"1=26,2=21,3=17"` -> (None, {1: 26, ...}); `"32,3=17"`: 32 for every
+    depth but 3."""
+    every: int | None = None
+    by_depth: dict[int, int] = {}
+    try:
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            if "=" in item:
+                depth, value = _depth_item(item, flag)
+                by_depth[depth] = int(value)
+            else:
+                every = int(item)
+    except ValueError as exc:
+        raise PlanError(f"{flag} takes N or DEPTH=N,DEPTH=N..., not {text!r}") from exc
+    return every, by_depth
+
+
+def parse_per_depth_args(
+    values: Sequence[str],
+) -> tuple[tuple[str, ...], dict[int, tuple[str, ...]]]:
+    """`--foo=1` goes to every server, `3:--foo=1` to the depth-3 server only."""
+    every: list[str] = []
+    by_depth: dict[int, list[str]] = {}
+    for value in values:
+        depth, sep, arg = value.partition(":")
+        if sep and depth.strip().isdigit():
+            by_depth.setdefault(int(depth), []).append(arg)
+        else:
+            every.append(value)
+    return tuple(every), {k: tuple(v) for k, v in by_depth.items()}
 
 
 def parse_gpus(text: str) -> tuple[int, ...] | None:
@@ -120,8 +199,8 @@ def sglang_server_args(options: LaunchOptions, steps: int, port: int) -> list[st
         # alone fails an assertion, and with topk 1 draft tokens must be steps + 1.
         args += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1"]
         args += ["--speculative-num-draft-tokens", str(steps + 1)]
-    args += ["--max-running-requests", str(options.max_running_requests), "--enable-metrics"]
-    return args + list(options.sglang_args)
+    args += ["--max-running-requests", str(options.running_limit(steps)), "--enable-metrics"]
+    return [*args, *options.sglang_args, *options.sglang_args_by_depth.get(steps, ())]
 
 
 def _partition(options: LaunchOptions, available: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -142,12 +221,12 @@ def _server(options: LaunchOptions, index: int, steps: int, gpus: tuple[int, ...
     if options.emulate:
         argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
         argv += ["--host", options.host, "--port", str(port)]
-        argv += ["--max-running-requests", str(options.max_running_requests)]
+        argv += ["--max-running-requests", str(options.running_limit(steps))]
         if steps > 0:
             argv += ["--speculative-algorithm", options.algorithm]
         if options.model != EMULATED_MODEL:
             argv += ["--model-name", options.model]
-        argv += list(options.emulator_args)
+        argv += options.extra_args(steps)
         env: dict[str, str] = {}
     else:
         argv = [sys.executable, "-m", "sglang.launch_server"]
@@ -173,15 +252,18 @@ def build_plan(options: LaunchOptions, detected_gpus: tuple[int, ...] = ()) -> L
         available = options.gpus if options.gpus is not None else detected_gpus
         partitions = _partition(options, available)
     servers = tuple(_server(options, i, k, partitions[i]) for i, k in enumerate(options.steps))
-    argv = [sys.executable, "-m", "specroute", "serve", "--host", options.host]
-    argv += ["--port", str(options.port), "--policy", options.policy]
+    argv = [sys.executable, "-m", "specroute", "serve"]
+    if options.proxy_config is not None:
+        argv += ["--config", options.proxy_config]
+    argv += ["--host", options.proxy_host, "--port", str(options.port), "--policy", options.policy]
     for server in servers:
-        argv += ["--backend", server.url]
+        argv += ["--backend", f"{server.name}={server.url}"]
     proxy = ProcessPlan(
         name="proxy",
         argv=tuple(argv),
-        env={},
-        url=f"http://{_connect_host(options.host)}:{options.port}",
+        env=dict(options.proxy_env),
+        url=f"http://{_connect_host(options.proxy_host)}:{options.port}",
+        secrets=tuple(k for k in KEY_VARIABLES if k in options.proxy_env),
     )
     return LaunchPlan(servers=servers, proxy=proxy)
 
