@@ -46,6 +46,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     spec_verify_ct: int | None = None
     spec_accept_length: float | None = None
     phase: str = ""
+    backend: str = ""
+    """The backend a specroute proxy sent it to (`x-specroute-backend`), if it said."""
 
     @property
     def ok(self) -> bool:
@@ -217,6 +219,7 @@ class BenchClient:
         try:
             async with self.session.post(base_url + request.path, data=request.body) as response:
                 record.status = response.status
+                record.backend = response.headers.get("x-specroute-backend", "")
                 if not 200 <= response.status < 300:
                     body = await response.read()
                     record.error = f"HTTP {response.status}: {body[:200].decode(errors='replace')}"
