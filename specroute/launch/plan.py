@@ -47,7 +47,8 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     `host` is where the servers listen (`--server-host`: they take no keys, so loopback unless
     asked), `proxy_host` where the proxy does (`--host`). The `*_by_depth` fields add to or
-    override, for one depth's server, what the plain field gives every server.
+    override, for one depth's servers, what the plain field gives every server. A depth may
+    repeat (`3,3,4`: a pool mix); `prior` is the profile the proxy starts from.
     """
 
     model: str
@@ -69,13 +70,12 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     policy: str = "least_loaded"
     proxy_config: str | None = None
     proxy_env: dict[str, str] = {}
+    prior: str | None = None
     emulate: bool = False
 
     def __post_init__(self) -> None:
         if not self.steps:
             raise PlanError("--steps needs at least one depth")
-        if len(set(self.steps)) != len(self.steps):
-            raise PlanError(f"--steps lists a depth twice: {self.steps}")
         if self.algorithm != "NEXTN" and self.draft_model is None and not self.emulate:
             raise PlanError(f"--algorithm {self.algorithm} needs --draft-model PATH")
         if self.base_port + len(self.steps) > 65536:
@@ -217,7 +217,8 @@ def _partition(options: LaunchOptions, available: tuple[int, ...]) -> list[tuple
 
 def _server(options: LaunchOptions, index: int, steps: int, gpus: tuple[int, ...]) -> ProcessPlan:
     port = options.base_port + index
-    name = f"steps{steps}"
+    repeat = options.steps[:index].count(steps)
+    name = f"steps{steps}" + (f"-{repeat + 1}" if repeat else "")
     if options.emulate:
         argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
         argv += ["--host", options.host, "--port", str(port)]
@@ -256,6 +257,8 @@ def build_plan(options: LaunchOptions, detected_gpus: tuple[int, ...] = ()) -> L
     if options.proxy_config is not None:
         argv += ["--config", options.proxy_config]
     argv += ["--host", options.proxy_host, "--port", str(options.port), "--policy", options.policy]
+    if options.prior is not None:
+        argv += ["--prior", options.prior]
     for server in servers:
         argv += ["--backend", f"{server.name}={server.url}"]
     proxy = ProcessPlan(
