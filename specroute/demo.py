@@ -3,7 +3,7 @@
 Starts emulated servers at steps 1, 2 and 3 (no GPU: the emulator's calibrated model stands in),
 starts `specroute serve` in front of them, sends a short run of greedy and sampled requests to
 show where each went and why, prints how to point the OpenAI client at it, and serves until
-Ctrl-C, then stops everything it started.
+Ctrl-C, then stops everything it started. If the proxy or a backend dies, it says so and exits 1.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import collections
 import contextlib
 import signal
 import socket
+import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import httpx
 import msgspec
 
-from specroute.children import spawn, stop_async, wait_ready
+from specroute.children import spawn, stop_async, wait_exit, wait_ready
 from specroute.emulator.fleet import EmulatedServer, emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.logs import configure_logging
@@ -43,19 +44,21 @@ def _port_free(host: str, port: int) -> bool:
 @contextlib.asynccontextmanager
 async def running_proxy(
     servers: Sequence[EmulatedServer], host: str, port: int, policy: str
-) -> AsyncIterator[str]:
-    """`specroute serve` in a child process, ready when the block starts."""
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`specroute serve` in a child process (its own session: Ctrl-C reaches only the demo,
+    which stops it once), ready when the block starts."""
     backends = [arg for s in servers for arg in ("--backend", f"{s.label}={s.url}")]
     process = spawn(
         [sys.executable, "-m", "specroute", "serve", *backends, "--host", host,
          "--port", str(port), "--policy", policy, "--log-level", "warning"],
+        new_session=True,
     )  # fmt: skip
     url = f"http://{host}:{port}"
     try:
         await wait_ready(url + "/ready", process=process, poll_s=0.1, name="the proxy")
-        yield url
+        yield url, process
     finally:
-        await stop_async(process, sig=signal.SIGINT)
+        await stop_async(process)  # SIGTERM: no KeyboardInterrupt traceback if still starting
 
 
 class Served(msgspec.Struct):
@@ -159,6 +162,37 @@ Or look around:  curl {url}/pool    curl {url}/metrics    curl {url}/v1/models
 """
 
 
+def _exited(children: Mapping[str, subprocess.Popen[bytes]]) -> list[str]:
+    return [
+        f"{name} exited with status {p.poll()}"
+        for name, p in children.items()
+        if p.poll() is not None
+    ]
+
+
+async def serve_until_stopped(children: Mapping[str, subprocess.Popen[bytes]]) -> int:
+    """Wait for SIGINT or SIGTERM (0), or for a child to die (1, after saying which)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.create_task(stop.wait())
+    exits = {asyncio.create_task(wait_exit(p)): name for name, p in children.items()}
+    try:
+        done, _ = await asyncio.wait([stopping, *exits], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in [stopping, *exits]:
+            task.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    if stopping in done:
+        print("\nStopped the proxy and the emulated servers.", flush=True)
+        return 0
+    died = [f"{exits[t]} exited with status {t.result()}" for t in done if t in exits]
+    print(f"specroute demo: {'; '.join(died)}; stopping the rest", file=sys.stderr, flush=True)
+    return 1
+
+
 async def demo(args: argparse.Namespace) -> int:
     if not _port_free(args.host, args.port):
         print(f"specroute demo: port {args.port} is in use; pass --port", file=sys.stderr)
@@ -169,18 +203,24 @@ async def demo(args: argparse.Namespace) -> int:
         "front of them...",
         flush=True,
     )
-    async with emulated_fleet(STEPS, profile=args.profile) as servers:
+    async with emulated_fleet(STEPS, profile=args.profile, new_session=True) as servers:
         for s in servers:
             print(f"  emulated backend {s.label:7} {s.url}")
-        async with running_proxy(servers, args.host, args.port, args.policy) as url:
+        async with running_proxy(servers, args.host, args.port, args.policy) as (url, proxy):
             print(f"  proxy                   {url}", flush=True)
-            model = await show_traffic(url, args.policy)
+            children = {"the proxy": proxy}
+            children.update({f"emulated backend {s.label}": s.process for s in servers})
+            try:
+                model = await show_traffic(url, args.policy)
+            except httpx.HTTPError as exc:
+                why = "; ".join(_exited(children)) or f"{type(exc).__name__}: {exc}"
+                print(f"specroute demo: the sample requests failed: {why}", file=sys.stderr)
+                return 1
             print(client_lines(url, model), flush=True)
             if args.exit_after_traffic:
                 return 0
             print("Serving until Ctrl-C.", flush=True)
-            await asyncio.Event().wait()
-    return 0
+            return await serve_until_stopped(children)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from process_tree import Terminal, descendants, still_running
 
 from specroute.children import free_port
 
@@ -54,3 +58,36 @@ def test_demo_refuses_a_busy_port_with_a_clear_message() -> None:
         )
     assert done.returncode == 2
     assert f"port {port} is in use" in done.stderr
+
+
+def _child_running(pid: int, *words: str) -> int:
+    for child in descendants(pid):
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if all(w.encode() in argv for w in words):
+            return child
+    raise AssertionError(f"no child running {words}")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("words", "name"),
+    [(("serve",), "the proxy"), (("emulate", "2"), "emulated backend steps2")],
+)
+def test_demo_says_which_child_died_and_exits_1(
+    tmp_path: Path, words: tuple[str, ...], name: str
+) -> None:
+    terminal = Terminal(["demo", "--port", str(free_port())], tmp_path)
+    children: set[int] = set()
+    try:
+        terminal.wait_for("Serving until Ctrl-C.")
+        children = descendants(terminal.process.pid)
+        os.kill(_child_running(terminal.process.pid, *words), signal.SIGKILL)
+        assert terminal.process.wait(timeout=60) == 1
+        assert f"specroute demo: {name} exited with status -9; stopping the rest" in terminal.err
+        assert "Traceback" not in terminal.err
+        assert not still_running(children)
+    finally:
+        terminal.close(children)

@@ -34,8 +34,10 @@ async def emulated_fleet(
     extra_args: Sequence[str] = (),
     host: str = "127.0.0.1",
     ready_timeout: float = 30.0,
+    new_session: bool = False,
 ) -> AsyncIterator[list[EmulatedServer]]:
-    """One `specroute emulate` process per depth in `steps`, ready when the block starts."""
+    """One `specroute emulate` process per depth in `steps`, ready when the block starts;
+    `new_session` keeps a terminal's Ctrl-C from reaching them (the caller stops them)."""
     servers: list[EmulatedServer] = []
     try:
         for k in steps:
@@ -45,6 +47,7 @@ async def emulated_fleet(
                  "--profile", profile, "--host", host, "--port", str(port), *extra_args],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                new_session=new_session,
             )  # fmt: skip
             servers.append(EmulatedServer(f"steps{k}", k, f"http://{host}:{port}", process))
         await asyncio.gather(
