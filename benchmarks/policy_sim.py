@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specroute.bench.stats import percentile
+from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig
+from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.engine import Engine, Iteration
 from specroute.emulator.profiles import get_profile, sampling_class
 from specroute.policies import BackendView, Outcome, Policy, PoolView, RouteRequest, create
@@ -93,14 +95,19 @@ class PoolSim:
         policy: Policy,
         *,
         adaptive: bool = False,
+        adaptive_config: AdaptiveConfig = DEFAULT_ADAPTIVE_CONFIG,
         seed: int = 0,
         overcommit: float = 2.0,
     ) -> None:
         self.profile = get_profile(profile)
-        self.nodes = [
-            Node(f"b{i}-k{k}", Engine(self.profile, steps=k, seed=seed + i, adaptive=adaptive))
+        # Each engine sizes its own capacity as the emulator does: min(SGLang's cap, memory at
+        # the deepest depth it can run; an adaptive one's deepest candidate).
+        engines = [
+            Engine(self.profile, steps=k, seed=seed + i, adaptive=adaptive,
+                   adaptive_config=adaptive_config)
             for i, k in enumerate(steps)
-        ]
+        ]  # fmt: skip
+        self.nodes = [Node(f"b{i}-k{e.steps}", e) for i, e in enumerate(engines)]
         self.policy = policy
         self.telemetry = Telemetry()
         self.overcommit = overcommit
@@ -214,7 +221,8 @@ class PoolSim:
         """Closed loop: the user whose request ended sends the next; waiting users go first."""
         if self.sending:
             self.send(user)
-        while self.waiting and self.sending:
+        # Until no backend admits: `send` puts a user it cannot place back in the queue.
+        while self.waiting and self.sending and any(map(self.admits, range(len(self.nodes)))):
             self.send(self.waiting.pop(0))
 
     def _finish(self, req: Req, seq_generated: int, verify: int) -> None:
@@ -265,9 +273,10 @@ def load_phases(scale: float) -> list[tuple[str, int, float]]:
 
 def simulate(
     profile: str, steps: list[int], policy: str, *, adaptive: bool = False, seed: int = 0,
-    scale: float = 1.0,
+    scale: float = 1.0, adaptive_config: AdaptiveConfig = DEFAULT_ADAPTIVE_CONFIG,
 ) -> list[PhaseStats]:  # fmt: skip
-    sim = PoolSim(profile, steps, create(policy), adaptive=adaptive, seed=seed)
+    sim = PoolSim(profile, steps, create(policy), adaptive=adaptive,
+                  adaptive_config=adaptive_config, seed=seed)  # fmt: skip
     return [sim.run_phase(n, u, d) for n, u, d in load_phases(scale)]
 
 
@@ -285,15 +294,21 @@ def main() -> None:
     parser.add_argument("--steps", default="1,2,3")
     parser.add_argument("--policy", action="append", default=[])
     parser.add_argument("--adaptive", action="store_true")
+    parser.add_argument("--adaptive-config", metavar="PATH", help="SGLang's tiers file")
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--detail", action="store_true")
     args = parser.parse_args()
     steps = [int(s) for s in args.steps.split(",")]
+    config = DEFAULT_ADAPTIVE_CONFIG
+    if args.adaptive_config:  # a tiers file makes the pool adaptive, as it does in SGLang
+        config = load_adaptive_config(args.adaptive_config)
+    adaptive = args.adaptive or bool(args.adaptive_config)
     for policy in args.policy or ["least_loaded"]:
         phases = simulate(
-            args.profile, steps, policy, adaptive=args.adaptive, seed=args.seed, scale=args.scale
-        )
+            args.profile, steps, policy, adaptive=adaptive, seed=args.seed, scale=args.scale,
+            adaptive_config=config,
+        )  # fmt: skip
         agg, mean, p10 = summary(phases)
         cells = " ".join(f"{p.aggregate:7.0f}" for p in phases)
         print(f"{policy:48} total {agg:7.0f} mean {mean:6.1f} p10 {p10:6.1f} | {cells}")
