@@ -12,6 +12,7 @@ from typing import Any
 
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
+from specroute.launch import reconfigure_flags
 from specroute.launch.plan import (
     ALGORITHMS,
     DEFAULT_MAX_RUNNING_REQUESTS,
@@ -91,6 +92,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="run emulated servers (`specroute emulate`) instead of SGLang: no GPU needed")
     add("--no-sglang-check", action="store_true",
         help="skip checking the command lines with SGLang's resolver")
+    reconfigure_flags.add_arguments(parser)
     parser.set_defaults(run=run, parser=parser)
 # fmt: on
 
@@ -218,9 +220,16 @@ def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | No
     return validate_with_sglang([s.argv for s in plan.servers])
 
 
+def _with_depth_loop(plan: LaunchPlan, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
+    """The plan and the admin key the depth loop calls the proxy with (`--reconfigure`)."""
+    if reconfigure_flags.reconfigure_options(args).mode == "off":
+        return plan, ""
+    return reconfigure_flags.with_admin_key(plan, proxy_config(args).admin_key)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        plan = _plan(args)
+        plan, admin_key = _with_depth_loop(_plan(args), args)
     except (PlanError, ConfigError, ValueError) as exc:
         print(f"specroute launch: {exc}", file=sys.stderr)
         return 2
@@ -243,4 +252,7 @@ def run(args: argparse.Namespace) -> int:
     settings = LaunchSettings(
         log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, drain_s=args.drain
     )
-    return asyncio.run(Launcher(plan, settings).run())
+    launcher = Launcher(plan, settings)
+    if admin_key:
+        reconfigure_flags.attach(launcher, args, admin_key)
+    return asyncio.run(launcher.run())

@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 import structlog
@@ -91,15 +91,19 @@ class Launcher:
         self.settings = settings
         self.out = out
         self.servers = [
-            Supervised(p, settings.log_dir, on_crash=self._crashed) for p in plan.servers
+            Supervised(p, settings.log_dir, on_crash=self.crashed) for p in plan.servers
         ]
-        self.proxy = Supervised(plan.proxy, settings.log_dir, on_crash=self._crashed)
+        self.proxy = Supervised(plan.proxy, settings.log_dir, on_crash=self.crashed)
         self._stop = asyncio.Event()
+        self.ready_after: dict[str, float] = {}
+        """Seconds each child took to answer /ready at launch."""
+        self.background: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
+        """Run once the pool is ready, until the stop event (the depth loop)."""
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
-    def _crashed(self, child: Supervised, status: int | None, last_lines: str) -> None:
+    def crashed(self, child: Supervised, status: int | None, last_lines: str) -> None:
         self._say(
             f"specroute launch: {child.plan.name} exited with status {status}; "
             f"restarting (log: {child.log_path}). Last lines:\n{last_lines}"
@@ -121,10 +125,21 @@ class Launcher:
             return 1
         if not self._stop.is_set():
             self._say(self._summary())
-            await self._stop.wait()
+            await self._serve()
         self._say("specroute launch: stopping (draining the proxy's streams first)")
         await self.shutdown()
         return 0
+
+    async def _serve(self) -> None:
+        """Until asked to stop; the background tasks are cancelled then (a restart under way
+        is cut short: shutdown stops whatever process it left)."""
+        tasks = [asyncio.create_task(job(self._stop)) for job in self.background]
+        try:
+            await self._stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def start(self) -> None:
         for server in self.servers:
@@ -178,6 +193,7 @@ class Launcher:
             name=child.plan.name,
         )
         del pending[child.plan.name]
+        self.ready_after[child.plan.name] = time.monotonic() - started
         self._say(f"  {child.plan.name} ready after {time.monotonic() - started:.1f} s")
 
     def _timeout_message(self, children: Sequence[Supervised]) -> str:

@@ -1,0 +1,64 @@
+"""A launched server's command line at another speculative setting: the same name, port and
+GPUs, the depth flags SGLang needs (or the emulator's), adaptive tiers in a JSON file. Pure."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import msgspec
+
+from specroute.launch.plan import EMULATED_MODEL, LaunchOptions, ProcessPlan, sglang_server_args
+from specroute.planner import Setting, Tier
+
+__all__ = ["DEFAULT_TIERS", "adaptive_config", "capped_tiers", "server_at"]
+
+DEFAULT_TIERS: tuple[Tier, ...] = ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
+"""SGLang 0.5.23's built-in adaptive tiers (`DEFAULT_ADAPTIVE_CONFIG`)."""
+
+
+def capped_tiers(allowed: tuple[int, ...]) -> tuple[Tier, ...]:
+    """SGLang's default tiers with only the allowed depths (each tier keeps at least the
+    shallowest allowed one)."""
+    out = []
+    for smallest, candidates in DEFAULT_TIERS:
+        kept = tuple(k for k in candidates if k in allowed) or (min(allowed),)
+        out.append((smallest, kept))
+    return tuple(out)
+
+
+def adaptive_config(tiers: tuple[Tier, ...]) -> str:
+    """`--speculative-adaptive-config`'s JSON: tiers keyed by their smallest batch size."""
+    return json.dumps({str(b): {"candidate_steps": list(ks)} for b, ks in tiers}, indent=1)
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def server_at(
+    options: LaunchOptions, base: ProcessPlan, setting: Setting, config_path: Path | None = None
+) -> ProcessPlan:
+    """`base` (a planned server) restarted at `setting`; an adaptive setting reads its tiers
+    from `config_path` (written by the caller with `adaptive_config`)."""
+    steps, port = setting.steps, _port(base.url)
+    adaptive: list[str] = []
+    if setting.tiers:
+        adaptive = ["--speculative-adaptive"]
+        if config_path is not None:
+            adaptive += ["--speculative-adaptive-config", str(config_path)]
+    if options.emulate:
+        argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
+        argv += ["--host", options.host, "--port", str(port)]
+        argv += ["--max-running-requests", str(options.running_limit(steps))]
+        if steps > 0:
+            argv += ["--speculative-algorithm", options.algorithm]
+        if options.model != EMULATED_MODEL:
+            argv += ["--model-name", options.model]
+        argv += [*adaptive, *options.extra_args(steps)]
+    else:
+        argv = [sys.executable, "-m", "sglang.launch_server"]
+        argv += sglang_server_args(options, steps, port)
+        argv += adaptive
+    return msgspec.structs.replace(base, argv=tuple(argv), steps=steps)

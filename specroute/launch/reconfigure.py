@@ -1,0 +1,241 @@
+"""The launcher's depth loop: read the proxy's /pool, run the one planner of the deployment,
+publish its plan to the proxy (`PUT /plan`), and in `auto` carry out each change: drain (the
+proxy sends the server nothing new), stop, restart at the new depth, wait for /ready, readmit
+(the proxy rediscovers depth and capacity); a start that fails falls back to the last good flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import msgspec
+import structlog
+
+from specroute.launch.actuator import Actuator, Mode, Record
+from specroute.launch.readings import Traffic, estimates
+from specroute.planner import Change, Estimates, Plan, Planner, PlannerOptions, Setting
+
+__all__ = ["ProxyLink", "ReconfigureOptions", "Reconfigurer", "Restart", "replicas"]
+
+log = structlog.get_logger()
+_json = msgspec.json.Decoder(dict[str, Any])
+
+Restart = Callable[[str, Setting], Awaitable[str | None]]
+"""Restart one server at a setting and wait for /ready: None when it came up, else why not."""
+
+
+class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`specroute launch --reconfigure ...`: the mode, what the planner may assign, and the
+    loop's pace. `planner` holds further PlannerOptions fields (`--planner-option K=V`)."""
+
+    mode: Mode = "advise"
+    allowed_steps: tuple[int, ...] = (0, 1, 2, 3)
+    allow_adaptive: bool = False
+    min_dwell_s: float = 900.0
+    max_unavailable: int = 1
+    drain_s: float = 30.0
+    tick_s: float = 2.0
+    plan_every: int = 5
+    """A plan every this many samples of the load."""
+    planner: dict[str, Any] = {}
+
+    def planner_options(self, adaptive: tuple[Any, ...] = ()) -> PlannerOptions:
+        fields = {
+            "max_steps": max(self.allowed_steps),
+            "min_dwell_s": self.min_dwell_s,
+            "max_unavailable": self.max_unavailable,
+            "drain_s": self.drain_s,
+            "adaptive": adaptive,
+            **self.planner,
+        }
+        return msgspec.convert(fields, PlannerOptions, strict=False)
+
+
+class ProxyLink:
+    """The proxy's admin routes, with the admin key: /pool, PUT /plan, backend holds."""
+
+    def __init__(self, url: str, admin_key: str, timeout_s: float = 10.0) -> None:
+        self.client = httpx.AsyncClient(
+            base_url=url, timeout=timeout_s, headers={"authorization": f"Bearer {admin_key}"}
+        )
+
+    async def pool(self) -> dict[str, Any]:
+        response = await self.client.get("/pool")
+        response.raise_for_status()
+        return _json.decode(response.content)
+
+    async def publish(self, document: dict[str, Any]) -> None:
+        (await self.client.put("/plan", content=msgspec.json.encode(document))).raise_for_status()
+
+    async def hold(self, name: str, state: str) -> dict[str, Any]:
+        """Set a backend's state (draining, restarting, serving); its in-flight count back."""
+        body = msgspec.json.encode({"state": state})
+        response = await self.client.put(f"/pool/backends/{name}/state", content=body)
+        response.raise_for_status()
+        return _json.decode(response.content)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def replicas(settings: list[Setting]) -> dict[str, int]:
+    """Servers per depth ("adaptive" for SGLang-adaptive ones): what Kubernetes scales to."""
+    out: dict[str, int] = {}
+    for s in settings:
+        key = "adaptive" if s.tiers else str(s.steps)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+class Reconfigurer:
+    """One planner, one actuator, and the tasks carrying out the changes it begins."""
+
+    def __init__(
+        self,
+        options: ReconfigureOptions,
+        link: ProxyLink,
+        actuator: Actuator,
+        restart: Restart,
+        *,
+        limit: Callable[[int], int],
+        adaptive: tuple[Any, ...] = (),
+    ) -> None:
+        self.options = options
+        self.link = link
+        self.actuator = actuator
+        self.planner = Planner(options.planner_options(adaptive))
+        self._restart = restart
+        self._limit = limit
+        self.traffic = Traffic()
+        self.plan: Plan | None = None
+        self.note = "no estimates yet: waiting for the first requests"
+        self._ticks = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample, plan and act until `stop`; changes under way finish before it returns."""
+        clock = self.actuator.clock
+        while not stop.is_set():
+            started = clock()
+            try:
+                await self.tick()
+            except (httpx.HTTPError, msgspec.DecodeError) as exc:
+                log.warning("plan_skipped", error=str(exc) or type(exc).__name__)
+            wait = max(0.0, self.options.tick_s - (clock() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def tick(self) -> None:
+        """One sample of the load; every `plan_every` samples a plan, published."""
+        pool = await self.link.pool()
+        now = self.actuator.clock()
+        loads, queued = self.traffic.sample(pool)
+        self.planner.observe(now, loads, queued)
+        self._ticks += 1
+        if self._ticks % self.options.plan_every:
+            return
+        est = estimates(pool, self.options.allowed_steps, self._limit)
+        if est is not None:
+            self._decide(now, est)
+        await self.publish()
+
+    def _decide(self, now: float, est: Estimates) -> None:
+        plan = self.planner.plan(now, self.actuator.servers(), est)
+        if self.plan is None or plan.verdict != self.plan.verdict:
+            log.info("plan_changed", mode=self.actuator.mode, verdict=plan.verdict,
+                     reason=plan.reason, gain_tok_s=round(plan.gain, 1))  # fmt: skip
+        self.plan, self.note = plan, ""
+        for change in self.actuator.admit(plan):
+            task = asyncio.create_task(self._carry_out(change), name=f"reconfigure-{change.server}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _carry_out(self, change: Change) -> None:
+        """Drain, restart (falling back once), readmit; one log line with the outcome."""
+        name = change.server
+        log.info("reconfigure_started", server=name, before=change.before.label,
+                 after=change.after.label, reason=self.actuator.slots[name].reason)  # fmt: skip
+        try:
+            record = await self._steps(name)
+        except httpx.HTTPError as exc:
+            record = self.actuator.abort(name, f"proxy unreachable: {exc}")
+        finally:
+            with contextlib.suppress(httpx.HTTPError):
+                await self.link.hold(name, "serving")
+        self._log(record)
+        await self._publish_quietly()
+
+    async def _steps(self, name: str) -> Record:
+        await self._drain(name)
+        setting: Setting | None = self.actuator.drained(name)
+        await self._publish_quietly()
+        await self.link.hold(name, "restarting")
+        while setting is not None:
+            error = await self._restart(name, setting)
+            if error is None:
+                return self.actuator.ready(name)
+            setting = self.actuator.failed(name, error)
+        return self.actuator.history[-1]
+
+    async def _drain(self, name: str) -> None:
+        """The proxy stops sending it requests; wait for its streams, up to `drain_s`."""
+        clock = self.actuator.clock
+        deadline = clock() + self.options.drain_s
+        while True:
+            answer = await self.link.hold(name, "draining")
+            if int(answer.get("in_flight") or 0) == 0 or clock() >= deadline:
+                return
+            await asyncio.sleep(min(0.2, max(0.0, deadline - clock())))
+
+    def _log(self, record: Record) -> None:
+        fields = msgspec.to_builtins(record)
+        if record.outcome == "done":
+            log.info("reconfigured", **fields)
+        else:
+            log.warning("reconfigured", **fields)
+
+    async def _publish_quietly(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self.publish()
+
+    async def publish(self) -> None:
+        await self.link.publish(self.document())
+
+    def document(self) -> dict[str, Any]:
+        """What `GET /plan` shows: the plan with its numbers, each server's state, the
+        changes under way and past ones, outcome counts, desired replicas per depth."""
+        act = self.actuator
+        now = act.clock()
+        current = {s.name: s.setting for s in act.slots.values()}
+        wanted = dict(current)
+        for change in self.plan.changes if self.plan is not None else ():
+            wanted[change.server] = change.after
+        servers = [
+            {"name": s.name, "setting": s.setting.label, "state": s.phase,
+             "target": None if s.target is None else s.target.label,
+             "fallback": s.fallback, "since_s": round(now - s.since, 1),
+             "startup_s": round(s.startup_s, 1)}
+            for s in act.slots.values()
+        ]  # fmt: skip
+        return {
+            "mode": act.mode,
+            "planner": "specroute launch",
+            "note": self.note,
+            "plan": None if self.plan is None else msgspec.to_builtins(self.plan),
+            "plan_age_s": None if self.plan is None else round(now - self.plan.at, 1),
+            "servers": servers,
+            "pending": [s["name"] for s in servers if s["state"] != "serving"],
+            "history": [
+                {**msgspec.to_builtins(r), "ago_s": round(now - r.at, 1)}
+                for r in reversed(act.history)
+            ],
+            "outcomes": dict(act.outcomes),
+            "replicas": replicas(list(wanted.values())),
+            "current_replicas": replicas(list(current.values())),
+        }

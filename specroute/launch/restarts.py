@@ -1,0 +1,98 @@
+"""Restarting one launched server at another depth: stop it, check the new command line with
+SGLang's resolver (when installed), start it supervised, wait for /ready; and the wiring of the
+depth loop into a running `Launcher`."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from pathlib import Path
+
+import structlog
+
+from specroute.children import ChildExited, NotReady, wait_ready
+from specroute.launch.actuator import Actuator
+from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
+from specroute.launch.launcher import Launcher, validate_with_sglang
+from specroute.launch.plan import LaunchOptions
+from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.launch.sglang_check import sglang_installed
+from specroute.launch.supervisor import Supervised
+from specroute.planner import Setting
+
+__all__ = ["ServerRestarts", "admin_key_for", "depth_loop"]
+
+log = structlog.get_logger()
+
+
+def admin_key_for(given: str | None) -> tuple[str, dict[str, str]]:
+    """The admin key the loop calls the proxy with, and the environment that gives the proxy
+    one when the operator set none (a fresh random key, never printed)."""
+    if given:
+        return given, {}
+    key = secrets.token_urlsafe(24)
+    return key, {"SPECROUTE_ADMIN_KEY": key}
+
+
+class ServerRestarts:
+    """`Reconfigurer`'s restart: the server named `name` in `launcher`, at `setting`."""
+
+    def __init__(self, launcher: Launcher, options: LaunchOptions, actuator: Actuator) -> None:
+        self.launcher = launcher
+        self.options = options
+        self.actuator = actuator
+        self.check = not options.emulate and sglang_installed()
+
+    async def __call__(self, name: str, setting: Setting) -> str | None:
+        servers = self.launcher.servers
+        i = next(j for j, s in enumerate(servers) if s.plan.name == name)
+        old = servers[i]
+        plan = server_at(self.options, old.plan, setting, self._tiers_file(name, setting))
+        if self.check:
+            verdict = (await asyncio.to_thread(validate_with_sglang, [plan.argv]))[0]
+            if verdict is not None:
+                return f"SGLang rejects the flags: {verdict}"
+        await old.stop(self.launcher.settings.drain_s)
+        child = Supervised(plan, self.launcher.settings.log_dir, on_crash=self.launcher.crashed)
+        servers[i] = child
+        started = time.monotonic()
+        await child.start()
+        try:
+            await wait_ready(
+                plan.url + "/ready", process=child.process, within=self.launcher.settings
+                .ready_timeout_s, poll_s=self.launcher.settings.poll_s, name=name,
+                output=child.log_path,
+            )  # fmt: skip
+        except (NotReady, ChildExited) as exc:
+            return str(exc).splitlines()[0]
+        self.actuator.slots[name].startup_s = time.monotonic() - started
+        return None
+
+    def _tiers_file(self, name: str, setting: Setting) -> Path | None:
+        if not setting.tiers:
+            return None
+        path = self.launcher.settings.log_dir / f"{name}-adaptive.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(adaptive_config(setting.tiers))
+        return path
+
+
+def depth_loop(
+    launcher: Launcher, options: LaunchOptions, reconfigure: ReconfigureOptions, admin_key: str
+) -> Reconfigurer:
+    """The planner and actuator for `launcher`'s servers, talking to its proxy."""
+    servers = [
+        (s.plan.name, Setting(steps=s.plan.steps or 0), launcher.ready_after.get(s.plan.name, 60.0))
+        for s in launcher.servers
+    ]
+    actuator = Actuator(reconfigure.mode, servers)
+    adaptive = (capped_tiers(reconfigure.allowed_steps),) if reconfigure.allow_adaptive else ()
+    return Reconfigurer(
+        reconfigure,
+        ProxyLink(launcher.plan.proxy.url, admin_key),
+        actuator,
+        ServerRestarts(launcher, options, actuator),
+        limit=options.running_limit,
+        adaptive=adaptive,
+    )

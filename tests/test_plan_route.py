@@ -1,0 +1,100 @@
+"""`GET /plan` and the `specroute_plan_*` metrics: what the launcher's planner publishes, served
+as sent; in `advise` the plan shows a paying change and nothing is drained or restarted."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from emulator_support import parse_metrics
+from inprocess import ADMIN, proxy
+from servers import Server
+
+from specroute.launch.actuator import Actuator
+from specroute.launch.reconfigure import ProxyLink, Reconfigurer, ReconfigureOptions
+from specroute.planner import DepthEstimate, Estimates, Setting
+from specroute.policies import ClassEstimate
+from specroute.speculation import expected_tokens
+
+GREEDY = "m:greedy"
+
+
+def test_plan_says_no_planner_until_one_publishes(emulator: Server) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with proxy({"a": emulator}) as (url, _):  # type: ignore[dict-item]
+            async with httpx.AsyncClient(base_url=url) as client:
+                return (await client.get("/plan")).json()  # type: ignore[no-any-return]
+
+    plan = asyncio.run(scenario())
+    assert plan["mode"] == "off"
+    assert plan["planner"] is None
+
+
+def test_publishing_needs_the_admin_key_and_a_plan_document(emulator: Server) -> None:
+    async def scenario() -> tuple[int, int]:
+        async with proxy({"a": emulator}) as (url, _):  # type: ignore[dict-item]
+            async with httpx.AsyncClient(base_url=url) as client:
+                keyless = await client.put("/plan", json={"mode": "auto"})
+                bad = await client.put("/plan", json={"mode": 3}, headers=ADMIN)
+        return keyless.status_code, bad.status_code
+
+    assert asyncio.run(scenario()) == (401, 400)
+
+
+def _estimates() -> Estimates:
+    depths = {
+        k: DepthEstimate(steps=k, capacity=100 // (3 + k), intercept_s=0.02, per_token_s=0.0004)
+        for k in range(4)
+    }
+    greedy = ClassEstimate(alpha=0.95, accept_length={1: expected_tokens(0.95, 1)})
+    return Estimates(depths=depths, classes={GREEDY: greedy})
+
+
+async def _advise(emulator: Server) -> tuple[dict[str, Any], dict[str, float], list[Any], Any]:
+    """A quiet greedy regime on two k1 servers, planned in `advise`: the plan is published
+    and the restart is never called."""
+    restarts: list[tuple[str, Setting]] = []
+
+    async def restart(name: str, setting: Setting) -> str | None:
+        restarts.append((name, setting))
+        return None
+
+    async with proxy({"a": emulator}) as (url, app):  # type: ignore[dict-item]
+        clock = [0.0]
+        options = ReconfigureOptions(mode="advise", planner={"confirm_s": 0.0})
+        actuator = Actuator("advise", [("a", Setting(steps=1), 60.0), ("b", Setting(steps=1), 60.0)],
+                            clock=lambda: clock[0])  # fmt: skip
+        link = ProxyLink(url, "admin-key")
+        loop = Reconfigurer(options, link, actuator, restart, limit=lambda k: 48)
+        while clock[0] < 600:
+            loop.planner.observe(clock[0], {GREEDY: 2.0})
+            clock[0] += 2.0
+        loop._decide(clock[0], _estimates())
+        await loop.publish()
+        await link.aclose()
+        async with httpx.AsyncClient(base_url=url) as client:
+            plan = (await client.get("/plan")).json()
+            metrics = parse_metrics((await client.get("/metrics")).text)
+        return plan, metrics, restarts, app.state.pool.holds.state("a")
+
+
+def test_advise_publishes_a_paying_change_and_changes_nothing(emulator: Server) -> None:
+    plan, metrics, restarts, hold = asyncio.run(_advise(emulator))
+    assert plan["mode"] == "advise"
+    assert plan["plan"]["verdict"] == "reconfigure"
+    assert plan["plan"]["start"]
+    assert [s["state"] for s in plan["servers"]] == ["serving", "serving"]
+    assert [s["setting"] for s in plan["servers"]] == ["k1", "k1"]
+    assert plan["history"] == []
+    assert restarts == []
+    assert hold is None
+    # Kubernetes reads the wanted replicas per depth; the current ones stay apart.
+    assert plan["current_replicas"] == {"1": 2}
+    assert sum(plan["replicas"].values()) == 2
+    assert plan["replicas"] != plan["current_replicas"]
+    for steps, count in plan["replicas"].items():
+        assert metrics[f'specroute_plan_replicas{{steps="{steps}"}}'] == count
+    assert metrics['specroute_plan_info{mode="advise",verdict="reconfigure"}'] == 1.0
+    assert metrics["specroute_plan_gain_tok_s"] == plan["plan"]["gain"]
+    assert metrics['specroute_plan_servers{state="serving"}'] == 2.0
