@@ -4,16 +4,27 @@ server restarts with."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
+import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from emulator_support import parse_metrics
 
+from specroute.children import free_port
 from specroute.launch.actuator import Actuator, Mode
 from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
+from specroute.launch.launcher import Launcher, LaunchSettings
 from specroute.launch.plan import LaunchOptions, build_plan
 from specroute.launch.readings import Traffic, estimates
-from specroute.launch.reconfigure import replicas
+from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
+from specroute.launch.restarts import ServerRestarts
 from specroute.planner import Change, Forecast, Plan, Regime, Setting
 
 K1, K3 = Setting(steps=1), Setting(steps=3)
@@ -197,3 +208,112 @@ def test_an_adaptive_restart_names_its_tiers_file(tmp_path: Path) -> None:
     assert "--speculative-adaptive" in moved.argv
     assert moved.argv[moved.argv.index("--speculative-adaptive-config") + 1] == str(path)
     assert '"1": {' in adaptive_config(tiers)
+
+
+# A real launched pool (emulated servers and the proxy as child processes) -----------------
+
+
+async def _launched(tmp_path: Path) -> tuple[Launcher, LaunchOptions]:
+    options = LaunchOptions(
+        model="emulated", steps=(1, 2), emulate=True, port=free_port(),
+        base_port=free_port(), policy="least_loaded", proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
+        emulator_args=("--time-scale=10", "--startup-s=10"),
+    )  # fmt: skip
+    if options.base_port == options.port or options.base_port + 1 == options.port:
+        return await _launched(tmp_path)
+    settings = LaunchSettings(log_dir=tmp_path / "logs", drain_s=20, ready_timeout_s=60)
+    launcher = Launcher(build_plan(options), settings, out=io.StringIO())
+    await launcher.start()
+    return launcher, options
+
+
+async def _change_during_a_stream(tmp_path: Path, kill_first: bool) -> dict[str, Any]:
+    """Move the server a long stream is on to depth 3 while the stream runs; with
+    `kill_first`, the new process is SIGKILLed as soon as it is spawned."""
+    launcher, options = await _launched(tmp_path)
+    try:
+        url = launcher.plan.proxy.url
+        act = Actuator("auto", [(s.plan.name, Setting(steps=s.plan.steps or 0), 5.0)
+                                for s in launcher.servers])  # fmt: skip
+        restarts = ServerRestarts(launcher, options, act)
+        tried: list[Setting] = []
+
+        async def restart(name: str, setting: Setting) -> str | None:
+            tried.append(setting)
+            i = next(j for j, s in enumerate(launcher.servers) if s.plan.name == name)
+            old = launcher.servers[i].pid
+            first = kill_first and len(tried) == 1
+            killer = asyncio.create_task(_kill_next(launcher, i, old)) if first else None
+            try:
+                return await restarts(name, setting)
+            finally:
+                if killer is not None:
+                    killer.cancel()
+
+        link = ProxyLink(url, "k")
+        loop = Reconfigurer(ReconfigureOptions(mode="auto", drain_s=20), link, act, restart,
+                            limit=options.running_limit)  # fmt: skip
+        body = {"model": "emulated", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 3000, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+                busy = stream.headers["x-specroute-backend"]
+                steps = act.slots[busy].setting
+                (change,) = act.admit(plan_moving(busy, steps, K3))
+                carry = asyncio.create_task(loop._carry_out(change))
+                events = [line async for line in stream.aiter_lines() if line.startswith("data:")]
+            await carry
+            plan = (await client.get("/plan")).json()
+            pool = (await client.get("/pool", headers={"authorization": "Bearer k"})).json()
+            metrics = parse_metrics((await client.get("/metrics")).text)
+        await link.aclose()
+        return {"busy": busy, "before": steps, "tried": tried, "events": events, "plan": plan,
+                "pool": pool, "metrics": metrics, "act": act}  # fmt: skip
+    finally:
+        await launcher.shutdown()
+
+
+async def _kill_next(launcher: Launcher, i: int, old: int | None) -> None:
+    """SIGKILL the process that replaces `old` at position `i`, as soon as it exists."""
+    while launcher.servers[i].pid in (None, old):  # noqa: ASYNC110 - polls a pid; no event to await
+        await asyncio.sleep(0.02)
+    pid = launcher.servers[i].pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+
+def _stream_intact(events: list[str]) -> None:
+    payloads = [e.removeprefix("data:").strip() for e in events]
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert not [c for c in chunks if "error" in c]
+    assert chunks[-1]["usage"]["completion_tokens"] == 3000
+
+
+def _steps_of(pool: dict[str, Any], name: str) -> int:
+    return int(next(b for b in pool["backends"] if b["name"] == name)["steps"])
+
+
+def test_a_killed_restart_falls_back_to_the_last_good_flags(tmp_path: Path) -> None:
+    seen = asyncio.run(_change_during_a_stream(tmp_path, kill_first=True))
+    busy, before = seen["busy"], seen["before"]
+    assert seen["tried"] == [K3, before]
+    record = seen["act"].history[-1]
+    assert record.outcome == "fell_back"
+    assert "exited" in record.reason
+    assert _steps_of(seen["pool"], busy) == before.steps
+    assert seen["plan"]["history"][0]["outcome"] == "fell_back"
+    assert seen["plan"]["servers"][0]["state"] == "serving"
+    assert seen["metrics"]['specroute_reconfigurations_total{outcome="fell_back"}'] == 1.0
+    _stream_intact(seen["events"])  # drained first: the stream on it was not cut
+
+
+def test_a_restart_that_comes_up_is_readmitted_at_its_new_depth(tmp_path: Path) -> None:
+    seen = asyncio.run(_change_during_a_stream(tmp_path, kill_first=False))
+    busy = seen["busy"]
+    assert seen["tried"] == [K3]
+    assert seen["act"].history[-1].outcome == "done"
+    assert _steps_of(seen["pool"], busy) == 3  # rediscovered before readmission
+    assert seen["plan"]["history"][0]["after"] == "k3"
+    _stream_intact(seen["events"])

@@ -65,7 +65,7 @@ class ServerRestarts:
                 output=child.log_path,
             )  # fmt: skip
         except (NotReady, ChildExited) as exc:
-            return str(exc).splitlines()[0]
+            return str(exc).splitlines()[0].split("; last lines of")[0]
         self.actuator.slots[name].startup_s = time.monotonic() - started
         return None
 
