@@ -82,6 +82,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add("--api-key", action="append", default=None, metavar="KEY",
         help="client key the proxy accepts (repeatable); replaces the config's api_keys")
     add("--admin-key", default=None, metavar="KEY", help="the proxy's key for PUT /policy")
+    add("--prior", default=None, metavar="FILE",
+        help="profile the proxy starts routing from (`specroute tune` writes prior.json)")
     add("--log-dir", type=Path, default=Path("specroute-logs"), help="one log file per process")
     add("--ready-timeout", type=float, default=900.0, metavar="SECONDS",
         help="how long servers may take to load before the launch fails")
@@ -106,9 +108,14 @@ def proxy_config(args: argparse.Namespace) -> Config:
         "policy": args.policy,
         "api_keys": args.api_key,
         "admin_key": args.admin_key,
+        "prior": {"path": args.prior} if args.prior else None,
         "backends": [{"url": "http://127.0.0.1:1"}],  # stands in for the launched servers
     }
     config = load_config(args.config, environ=os.environ, overrides=overrides)
+    if config.prior.path is not None:
+        from specroute.pool.prior import load_prior  # the pool loads slowly; --help need not
+
+        load_prior(config.prior.path)  # a bad prior stops the launch before any server starts
     try:
         create(config.policy)
     except UnknownPolicyError as exc:
@@ -154,6 +161,7 @@ def options_from_args(args: argparse.Namespace, config: Config | None = None) ->
         policy=config.policy,
         proxy_config=str(args.config) if args.config is not None else None,
         proxy_env=_proxy_env(args),
+        prior=str(Path(args.prior).resolve()) if args.prior else None,
         emulate=args.emulate,
     )
 
