@@ -22,6 +22,7 @@ from specroute.launch.plan import LaunchOptions, sglang_server_args
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
+FOLLOWS_LOAD = ROOT / "deploy" / "depth-follows-load"
 MODEL = "/models/model"
 SGLANG_PORT = 30000
 
@@ -33,31 +34,47 @@ def _expected_args(steps: int) -> list[str]:
 
 
 def _render_by_hand(directory: Path) -> list[dict[str, Any]]:
-    """The part of kustomize these manifests use: resources and common labels."""
+    """The part of kustomize these manifests use: resources (files or directories),
+    components, and common labels (which apply to everything below them)."""
     kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
     labels: dict[str, str] = {}
     for entry in kustomization.get("labels", []):
         labels.update(entry["pairs"])
     docs = []
-    for resource in kustomization["resources"]:
-        for doc in yaml.safe_load_all((directory / resource).read_text()):
+    for resource in [*kustomization.get("resources", []), *kustomization.get("components", [])]:
+        path = directory / resource
+        found = (
+            _render_by_hand(path) if path.is_dir() else list(yaml.safe_load_all(path.read_text()))
+        )
+        for doc in found:
             doc["metadata"].setdefault("labels", {}).update(labels)
             docs.append(doc)
     return docs
 
 
-@pytest.fixture(scope="module")
-def rendered() -> dict[tuple[str, str], dict[str, Any]]:
+def _render(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """`kubectl kustomize` where available (checked against the hand rendering), else by hand."""
     kubectl = shutil.which("kubectl")
     if kubectl is not None:
         out = subprocess.run(
-            [kubectl, "kustomize", str(KUSTOMIZE)], capture_output=True, text=True, check=True
+            [kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=True
         ).stdout
         docs = list(yaml.safe_load_all(out))
-        assert len(docs) == len(_render_by_hand(KUSTOMIZE))
+        assert len(docs) == len(_render_by_hand(directory))
     else:
-        docs = _render_by_hand(KUSTOMIZE)
+        docs = _render_by_hand(directory)
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[tuple[str, str], dict[str, Any]]:
+    return _render(KUSTOMIZE)
+
+
+@pytest.fixture(scope="module")
+def follows_load() -> dict[tuple[str, str], dict[str, Any]]:
+    """The pool with depth 0, the planner and KEDA (deploy/depth-follows-load)."""
+    return _render(FOLLOWS_LOAD)
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -193,3 +210,141 @@ def test_dockerfile_healthcheck_passes_against_a_running_proxy() -> None:
         env = {**os.environ, "SPECROUTE_PORT": str(port)}
         check = subprocess.run([sys.executable, *command[1:]], env=env, timeout=30, check=False)
     assert check.returncode == 0
+
+
+# Depth follows load: one Deployment per depth, the planner, KEDA ------------------------
+
+SCALED_OBJECT = {
+    # The fields of KEDA's ScaledObject (keda.sh/v1alpha1) these manifests use, as its CRD
+    # types them: a trigger's metadata values are strings.
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "additionalProperties": False,
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string"}},
+                },
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer"},
+                "cooldownPeriod": {"type": "integer"},
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "properties": {
+                        "failureThreshold": {"type": "integer"},
+                        "replicas": {"type": "integer"},
+                    },
+                },
+                "advanced": {"type": "object"},
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "metadata": {
+                                "type": "object",
+                                "additionalProperties": {"type": "string"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("which", [KUSTOMIZE, FOLLOWS_LOAD], ids=["base", "depth-follows-load"])
+def test_every_rendered_manifest_passes_its_schema(which: Path) -> None:
+    import jsonschema
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    for (kind, _name), doc in _render(which).items():
+        if kind == "ScaledObject":
+            jsonschema.validate(doc, SCALED_OBJECT)
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_depth_follows_load_adds_depth_0_the_planner_and_a_scaler_per_depth(
+    follows_load: dict[tuple[str, str], Any], rendered: dict[tuple[str, str], Any]
+) -> None:
+    added = set(follows_load) - set(rendered)
+    assert added == {
+        ("Deployment", "sglang-steps0"),
+        ("Deployment", "specroute-planner"),
+        ("Service", "specroute-replicas"),
+        *(("ScaledObject", f"sglang-steps{k}") for k in range(4)),
+    }
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3])
+def test_each_depths_deployment_runs_the_launchers_plan(
+    follows_load: dict[tuple[str, str], Any], steps: int
+) -> None:
+    deployment = follows_load[("Deployment", f"sglang-steps{steps}")]
+    assert _container(deployment)["args"] == _expected_args(steps)
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"]["specroute/steps"] == str(steps)
+    # On scale-down the pod waits for its running requests before SGLang stops.
+    assert "num_running_reqs" in " ".join(
+        _container(deployment)["lifecycle"]["preStop"]["exec"]["command"]
+    )
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 90
+
+
+@pytest.mark.parametrize("steps", [0, 1, 2, 3])
+def test_keda_scales_each_depth_to_the_replicas_the_plan_exports(
+    follows_load: dict[tuple[str, str], Any], steps: int
+) -> None:
+    from specroute.launch.reconfigure import replicas
+    from specroute.planner import Setting
+
+    spec = follows_load[("ScaledObject", f"sglang-steps{steps}")]["spec"]
+    target = follows_load[("Deployment", spec["scaleTargetRef"]["name"])]
+    label = target["spec"]["template"]["metadata"]["labels"]["specroute/steps"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    # The label value is the key the plan document (and so the metric) uses for this depth.
+    (key,) = replicas([Setting(steps=steps)])
+    assert label == key
+    assert trigger["metadata"]["query"] == f'max(specroute_plan_replicas{{steps="{key}"}})'
+    assert trigger["metadata"]["threshold"] == "1"  # replicas = the metric's value
+    assert trigger["metadata"]["ignoreNullValues"] == "false"  # no plan is no reason for 0
+    assert spec["minReplicaCount"] == 0
+
+
+def test_the_planner_is_one_advisor_sharing_the_proxies_admin_key(
+    follows_load: dict[tuple[str, str], Any],
+) -> None:
+    from specroute.launch.advisor import _parser
+
+    planner = follows_load[("Deployment", "specroute-planner")]
+    assert planner["spec"]["replicas"] == 1
+    container = _container(planner)
+    assert container["command"] == ["python", "-m", "specroute.launch.advisor"]
+    args = _parser().parse_args(container["args"])
+    host, _, port = args.replicas.rpartition(":")
+    replicas = follows_load[("Service", host)]["spec"]
+    assert replicas["clusterIP"] == "None"
+    proxy = follows_load[("Deployment", "specroute")]
+    assert replicas["selector"] == proxy["spec"]["template"]["metadata"]["labels"]
+    assert int(port) == _port(_container(proxy), "http")
+    secret = container["env"][0]["valueFrom"]["secretKeyRef"]
+    proxy_secret = _container(proxy)["env"][0]["valueFrom"]["secretKeyRef"]
+    assert (secret["name"], secret["key"]) == (proxy_secret["name"], proxy_secret["key"])
+    assert (
+        container["env"][0]["name"] == _container(proxy)["env"][0]["name"] == "SPECROUTE_ADMIN_KEY"
+    )

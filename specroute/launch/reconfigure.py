@@ -133,7 +133,10 @@ class Reconfigurer:
 
     async def tick(self) -> None:
         """One sample of the load; every `plan_every` samples a plan, published."""
-        pool = await self.link.pool()
+        await self.consider(await self.link.pool())
+
+    async def consider(self, pool: dict[str, Any]) -> None:
+        """One /pool answer: observed, and every `plan_every` answers planned on."""
         now = self.actuator.clock()
         loads, queued = self.traffic.sample(pool)
         self.planner.observe(now, loads, queued)
@@ -209,12 +212,13 @@ class Reconfigurer:
 
     def document(self) -> dict[str, Any]:
         """What `GET /plan` shows: the plan with its numbers, each server's state, the
-        changes under way and past ones, outcome counts, desired replicas per depth."""
+        changes under way and past ones, outcome counts, and the replicas per depth wanted
+        now: the current ones with the changes the plan would begin now."""
         act = self.actuator
         now = act.clock()
         current = {s.name: s.setting for s in act.slots.values()}
         wanted = dict(current)
-        for change in self.plan.changes if self.plan is not None else ():
+        for change in self.plan.start if self.plan is not None else ():
             wanted[change.server] = change.after
         servers = [
             {"name": s.name, "setting": s.setting.label, "state": s.phase,

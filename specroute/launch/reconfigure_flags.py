@@ -14,7 +14,7 @@ from specroute.launch.reconfigure import ReconfigureOptions
 if TYPE_CHECKING:
     from specroute.launch.launcher import Launcher
 
-__all__ = ["add_arguments", "attach", "reconfigure_options", "with_admin_key"]
+__all__ = ["add_arguments", "attach", "planner_fields", "reconfigure_options", "with_admin_key"]
 
 HELP = (
     "depth follows load: 'advise' (the default) runs the planner and shows its plan at the "
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # fmt: on
 
 
-def _planner_fields(items: list[str]) -> dict[str, Any]:
+def planner_fields(items: list[str]) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -66,7 +66,7 @@ def reconfigure_options(args: argparse.Namespace) -> ReconfigureOptions:
         min_dwell_s=args.min_dwell,
         max_unavailable=args.max_unavailable,
         drain_s=args.drain,
-        planner=_planner_fields(args.planner_option),
+        planner=planner_fields(args.planner_option),
     )
     try:
         options.planner_options()
