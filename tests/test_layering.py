@@ -17,7 +17,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "pool": frozenset({"policies"}),
     # `specroute tune` (launch/tune*) drives each launched server with the bench's sweep and,
     # for --emulate, reads the emulator's seed figures; the launcher itself still needs only pool.
-    "launch": frozenset({"pool", "bench", "emulator", "policies"}),
+    # `--reconfigure` runs the deployment's one planner in the launcher (launch/reconfigure.py);
+    # the proxy only serves the plan it is sent, so proxy needs no planner edge.
+    "launch": frozenset({"pool", "bench", "emulator", "policies", "planner"}),
     "policies": frozenset(),
     "planner": frozenset({"policies"}),
     "bench": frozenset(),
