@@ -30,10 +30,12 @@ from harness import (
     Emulator,
     Proxy,
     closed_loop_through,
+    metric_by,
     metric_sum,
     open_fds,
     upstream_connections,
 )
+from prometheus_client.samples import Sample
 
 from specroute.bench import RequestRecord, Sampling
 
@@ -201,17 +203,13 @@ async def load(proxy: Proxy, args: argparse.Namespace) -> list[RequestRecord]:
 def report(
     records: list[RequestRecord],
     chaos: Chaos,
-    metrics: dict[str, float],
+    metrics: list[Sample],
     start: Snapshot,
     end: Snapshot,
     settle_s: float,
 ) -> bool:
     outcomes = Counter(classify(r) for r in records)
-    retries = {
-        key.split('reason="', 1)[1].split('"', 1)[0]: value
-        for key, value in metrics.items()
-        if key.startswith("specroute_upstream_retries_total{")
-    }
+    retries = metric_by(metrics, "specroute_upstream_retries_total", "reason")
     by_reason: Counter[str] = Counter()
     for reason, value in retries.items():
         by_reason[reason] += int(value)

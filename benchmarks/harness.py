@@ -13,15 +13,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.samples import Sample
 
 from specroute.bench import ApiSettings, BenchClient, RequestRecord, Sampling, SweepSettings, Target
 from specroute.bench.sweep import LevelPlan, run_level
 from specroute.children import free_port, spawn, stop, wait_ready
+from specroute.prometheus import read_samples
 
 __all__ = [
     "Emulator",
     "Proxy",
     "free_port",
+    "metric_by",
     "metric_sum",
     "open_fds",
     "parse_metrics",
@@ -120,7 +123,7 @@ class Proxy:
             return None
         return stop(self.process, grace_s=60)
 
-    async def metrics(self, client: httpx.AsyncClient) -> dict[str, float]:
+    async def metrics(self, client: httpx.AsyncClient) -> list[Sample]:
         return parse_metrics((await client.get(self.url + "/metrics")).text)
 
     async def pool(self, client: httpx.AsyncClient) -> dict[str, object]:
@@ -129,25 +132,27 @@ class Proxy:
         return data
 
 
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text as {'name{labels}': value} (no escapes in our label values)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            with contextlib.suppress(ValueError):
-                out[key] = float(value)
-    return out
+def parse_metrics(text: str) -> list[Sample]:
+    """Every sample of one Prometheus scrape, read by the project's one parser."""
+    samples = read_samples(text)
+    if samples is None:
+        raise ValueError("the scrape is not Prometheus text")
+    return samples
 
 
-def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+def metric_sum(samples: list[Sample], name: str, **labels: str) -> float:
     """The sum of `name` over every series whose labels include `labels`."""
-    total = 0.0
-    for key, value in metrics.items():
-        base, _, rest = key.partition("{")
-        if base == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total
+    wanted = labels.items()
+    return sum(s.value for s in samples if s.name == name and wanted <= s.labels.items())
+
+
+def metric_by(samples: list[Sample], name: str, label: str) -> dict[str, float]:
+    """The sum of `name` per value of `label` (series without it left out)."""
+    out: dict[str, float] = {}
+    for s in samples:
+        if s.name == name and label in s.labels:
+            out[s.labels[label]] = out.get(s.labels[label], 0.0) + s.value
+    return out
 
 
 def open_fds(pid: int) -> int:

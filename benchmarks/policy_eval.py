@@ -1,12 +1,15 @@
 """The policy evaluation of issue #4, over HTTP: emulated pools behind the real proxy, driven by
 `specroute bench trace scenarios/policy-eval.toml`, one run per pool x policy x profile.
 
-    .venv/bin/python benchmarks/policy_eval.py --time-scale 2 --duration-scale 0.25
+    .venv/bin/python benchmarks/policy_eval.py --time-scale 2 --duration-scale 0.2
 
-Each run starts three emulators (`specroute.emulator.fleet`), a proxy (`specroute serve`) and
-the trace as child processes; saves the trace JSON and the proxy's final GET /pool under
-results/policy-eval-<stamp>/, then prints one table (phase by phase and whole trace: aggregate
-tok/s, mean and p10 per-request tok/s) and writes it with the run's settings.
+Pools: three servers at one fixed depth (0 to 3) and three SGLang-adaptive servers (default
+tiers; capped at 3 by `examples/adaptive-capped-3.json`), behind least_loaded, and the 1/2/3 mix
+under every policy. Each run starts three emulators (`specroute.emulator.fleet`), a proxy
+(`specroute serve`) and the trace as child processes, and saves the trace JSON and the proxy's
+final GET /pool and /metrics under results/policy-eval-<stamp>/. It prints the table (phase by
+phase and whole trace: aggregate tok/s, mean and p10 per-request tok/s) and every row's change
+against its profile's best alternative, and writes both with the run's settings.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +32,13 @@ from specroute.bench.stats import percentile
 from specroute.children import free_port, spawn, stop_async, wait_ready
 from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import get_profile, sampling_class
+from specroute.prometheus import read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
-HETERO = (1, 2, 3)
+CAPPED = ROOT / "examples" / "adaptive-capped-3.json"
+HETERO = "hetero-1-2-3"
+BASELINE = "least_loaded"
 POLICIES = (
     "round_robin",
     "least_loaded",
@@ -43,18 +50,35 @@ POLICIES = (
 )
 
 
-def runs(
-    selected: set[str] | None, floor: float = 60.0
-) -> list[tuple[str, tuple[int, ...], bool, str]]:
-    """(pool label, depths, adaptive, policy) in the order they run: baselines first. The
-    goodput floor is in wall-clock tok/s, so it scales with the emulators' time scale."""
-    plan = [("hetero-1-2-3", HETERO, False, p.format(floor=floor)) for p in POLICIES]
-    plan += [(f"homo-{k}", (k, k, k), False, "least_loaded") for k in (1, 2, 3)]
-    plan += [("adaptive-3", (3, 3, 3), True, "least_loaded")]
-    order = {"least_loaded": 0, "round_robin": 1, "threshold": 2}
-    plan.sort(key=lambda r: (order.get(r[3], 3), r[3].startswith("bandit")))
+@dataclass(frozen=True)
+class Run:
+    """One pool behind one policy: its depths and the flags every emulator of it gets."""
+
+    pool: str
+    depths: tuple[int, ...]
+    policy: str
+    flags: tuple[str, ...] = ()
+
+
+def alternatives() -> list[Run]:
+    """What an operator runs without specroute, behind least_loaded: three servers at one
+    depth, or three SGLang-adaptive ones (default tiers, or capped at 3) started at depth 3."""
+    adaptive = ("--speculative-adaptive",)
+    pools = [Run(f"homo-{k}", (k, k, k), BASELINE) for k in (0, 1, 2, 3)]
+    pools.append(Run("adaptive", (3, 3, 3), BASELINE, adaptive))
+    capped = (*adaptive, "--speculative-adaptive-config", str(CAPPED))
+    pools.append(Run("adaptive-capped-3", (3, 3, 3), BASELINE, capped))
+    return pools
+
+
+def runs(selected: set[str] | None, floor: float = 60.0) -> list[Run]:
+    """Every run in the order they go: baselines first. The goodput floor is in wall-clock
+    tok/s, so it scales with the emulators' time scale."""
+    plan = [Run(HETERO, (1, 2, 3), p.format(floor=floor)) for p in POLICIES] + alternatives()
+    order = {BASELINE: 0, "round_robin": 1, "threshold": 2}
+    plan.sort(key=lambda r: (order.get(r.policy, 3), r.policy.startswith("bandit")))
     if selected:
-        plan = [r for r in plan if f"{r[0]}/{r[3]}" in selected or r[3] in selected]
+        plan = [r for r in plan if f"{r.pool}/{r.policy}" in selected or r.policy in selected]
     return plan
 
 
@@ -72,15 +96,11 @@ def _config(path: Path, urls: list[str], policy: str, port: int) -> None:
     path.write_text("\n".join(lines) + "\n")  # fmt: skip
 
 
-async def one_run(
-    out: Path, profile: str, run: tuple[str, tuple[int, ...], bool, str], args: argparse.Namespace
-) -> dict[str, Any]:
-    label, depths, adaptive, policy = run
-    tag = f"{profile}__{label}__{policy.replace(':', '_').replace(',', '_').replace('=', '-')}"
-    extra = ["--time-scale", str(args.time_scale)] + (
-        ["--speculative-adaptive"] if adaptive else []
-    )
-    async with emulated_fleet(depths, profile=profile, extra_args=extra) as servers:
+async def one_run(out: Path, profile: str, run: Run, args: argparse.Namespace) -> dict[str, Any]:
+    policy = run.policy
+    tag = f"{profile}__{run.pool}__{policy.replace(':', '_').replace(',', '_').replace('=', '-')}"
+    extra = ["--time-scale", str(args.time_scale), *run.flags]
+    async with emulated_fleet(run.depths, profile=profile, extra_args=extra) as servers:
         port = free_port()
         config = out / f"{tag}.toml"
         _config(config, [s.url for s in servers], policy, port)
@@ -108,7 +128,8 @@ async def one_run(
         finally:
             await stop_async(proxy)
     row = summarize(json.loads(trace.read_text()))
-    row.update(profile=profile, pool=label, policy=policy, tag=tag)
+    capacities = [b.get("capacity") for b in pool.get("backends", [])]
+    row.update(profile=profile, pool=run.pool, policy=policy, tag=tag, capacity=capacities)
     return row
 
 
@@ -171,14 +192,13 @@ def acceptance_check(out: Path) -> str:
 def by_depth(out: Path) -> str:
     """Requests per class and depth under each policy, from the proxy's routed counter."""
     lines = ["| run | class | depth 1 | depth 2 | depth 3 |", "|---|---|---|---|---|"]
-    for path in sorted(out.glob("*hetero*.metrics.txt")):
+    for path in sorted(out.glob(f"*{HETERO}*.metrics.txt")):
         counts: dict[str, dict[str, float]] = {}
-        for line in path.read_text().splitlines():
-            if line.startswith("specroute_routed_requests_total{"):
-                labels, value = line.rsplit(" ", 1)
-                klass = labels.split('workload_class="')[1].split('"')[0].rsplit(":", 1)[1]
-                steps = labels.split('steps="')[1].split('"')[0]
-                counts.setdefault(klass, {})[steps] = float(value)
+        for sample in read_samples(path.read_text()) or []:
+            if sample.name == "specroute_routed_requests_total":
+                klass = sample.labels["workload_class"].rsplit(":", 1)[1]
+                row = counts.setdefault(klass, {})
+                row[sample.labels["steps"]] = row.get(sample.labels["steps"], 0.0) + sample.value
         run = path.name.removesuffix(".metrics.txt")
         for klass, row in sorted(counts.items()):
             cells = " | ".join(f"{row.get(k, 0):.0f}" for k in ("1", "2", "3"))
@@ -186,36 +206,104 @@ def by_depth(out: Path) -> str:
     return "\n".join(lines)
 
 
+def _cells(m: dict[str, float]) -> str:
+    return f"{m['agg']:.0f} / {m['mean']:.0f} / {m['p10']:.0f}"
+
+
+def _capacity(row: dict[str, Any]) -> str:
+    caps = row.get("capacity") or []
+    return "/".join("?" if c is None else str(c) for c in caps) or "?"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     names = [p["phase"] for p in rows[0]["phases"]]
-    head = "| profile | pool | policy | whole trace agg / mean / p10 | " + " | ".join(names) + " |"
-    lines = [head, "|" + "---|" * (4 + len(names))]
+    head = "| profile | pool | policy | capacity | whole trace agg / mean / p10 | "
+    lines = [head + " | ".join(names) + " |", "|" + "---|" * (5 + len(names))]
     for r in rows:
-        t = r["total"]
-        cells = [f"{p['agg']:.0f} / {p['mean']:.0f} / {p['p10']:.0f}" for p in r["phases"]]
+        cells = " | ".join(_cells(p) for p in r["phases"])
         lines.append(
-            f"| {r['profile']} | {r['pool']} | {r['policy']} | "
-            f"**{t['agg']:.0f}** / {t['mean']:.0f} / {t['p10']:.0f} | " + " | ".join(cells) + " |"
+            f"| {r['profile']} | {r['pool']} | {r['policy']} | {_capacity(r)} | "
+            f"**{r['total']['agg']:.0f}** / {r['total']['mean']:.0f} / "
+            f"{r['total']['p10']:.0f} | {cells} |"
         )
     return "\n".join(lines)
 
 
-async def main() -> None:
+def best_alternatives(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per profile, the pool without specroute (fixed depth or adaptive, behind least_loaded)
+    with the highest whole-trace aggregate."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["pool"] != HETERO and r["policy"] == BASELINE:
+            held = best.get(r["profile"])
+            if held is None or r["total"]["agg"] > held["total"]["agg"]:
+                best[r["profile"]] = r
+    return best
+
+
+def _change(new: float, old: float) -> str:
+    return f"{new / old - 1:+.1%}" if old else "n/a"
+
+
+def _against(r: dict[str, Any], base: dict[str, Any]) -> str:
+    whole = " / ".join(_change(r["total"][k], base["total"][k]) for k in ("agg", "mean", "p10"))
+    phases = " ".join(
+        _change(p["agg"], b["agg"]) for p, b in zip(r["phases"], base["phases"], strict=True)
+    )
+    return f"{whole} | {phases}"
+
+
+def changes(rows: list[dict[str, Any]]) -> str:
+    """Every row against its profile's best alternative, and each hetero policy against
+    least_loaded on the same pool: whole trace agg / mean / p10, then aggregate per phase."""
+    best = best_alternatives(rows)
+    baseline = {r["profile"]: r for r in rows if r["pool"] == HETERO and r["policy"] == BASELINE}
+    head = "| profile | pool | policy | against | whole trace agg / mean / p10 | per phase agg |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for r in rows:
+        bases = [best.get(r["profile"])]
+        if r["pool"] == HETERO and r["policy"] != BASELINE:
+            bases.append(baseline.get(r["profile"]))
+        for base in (b for b in bases if b is not None and b is not r):
+            against = f"{base['pool']}/{base['policy']}"
+            lines.append(
+                f"| {r['profile']} | {r['pool']} | {r['policy']} | {against} | "
+                f"{_against(r, base)} |"
+            )
+    return "\n".join(lines)
+
+
+def _report(rows: list[dict[str, Any]]) -> str:
+    rows = sorted(rows, key=lambda r: (r["profile"], r["pool"] != HETERO, r["pool"], r["policy"]))
+    best = best_alternatives(rows)
+    named = ", ".join(
+        f"{p}: {r['pool']} ({r['total']['agg']:.0f} tok/s)" for p, r in sorted(best.items())
+    )
+    return f"{table(rows)}\n\nBest alternative per profile: {named}\n\n{changes(rows)}"
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", action="append", default=[])
     parser.add_argument("--time-scale", type=float, default=2.0)
-    parser.add_argument("--duration-scale", type=float, default=0.25)
+    parser.add_argument("--duration-scale", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--floor", type=float, default=60.0, help="goodput floor, emulated tok/s")
     parser.add_argument("--only", action="append", default=[], help="pool/policy or policy")
     parser.add_argument("--out", help="results directory (default results/policy-eval-<stamp>)")
-    parser.add_argument("--report", metavar="DIR", help="only print the checks of a saved run")
-    args = parser.parse_args()
+    parser.add_argument("--report", metavar="DIR", help="only print the tables of a saved run")
+    return parser
+
+
+async def main() -> None:
+    args = _parser().parse_args()
     if args.report:
-        print(acceptance_check(Path(args.report)))
-        print(by_depth(Path(args.report)))
+        saved = Path(args.report)
+        print(_report(json.loads((saved / "rows.json").read_text())["rows"]))
+        print(acceptance_check(saved))
+        print(by_depth(saved))
         return
     profiles = args.profile or ["seed-qwen35-122b", "costly-drafts"]
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
@@ -231,11 +319,10 @@ async def main() -> None:
             started = time.monotonic()
             row = await one_run(out, profile, run, args)
             rows.append(row)
-            print(f"{row['tag']}: {row['total']['agg']:.0f} tok/s "
+            print(f"{row['tag']}: {row['total']['agg']:.0f} tok/s, capacity {_capacity(row)} "
                   f"({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
             (out / "rows.json").write_text(json.dumps({"settings": settings, "rows": rows}))
-    rows.sort(key=lambda r: (r["profile"], r["pool"] != "hetero-1-2-3", r["pool"], r["policy"]))
-    text = table(rows)
+    text = _report(rows)
     print(text)
     (out / "table.md").write_text(
         f"settings: {json.dumps(settings)}\n\nEach cell: aggregate tok/s / mean per-request tok/s"
