@@ -10,6 +10,7 @@ from specroute import __version__, calibrate, demo
 from specroute.bench import command as bench_command
 from specroute.emulator import command as emulator_command
 from specroute.launch import command as launch_command
+from specroute.launch import tune as tune_command
 from specroute.policies import command as policies_command
 from specroute.proxy import command as proxy_command
 from specroute.proxy import config_example
@@ -24,6 +25,7 @@ COMMANDS = (
     proxy_command,
     config_example,
     launch_command,
+    tune_command,
     policies_command,
 )
 

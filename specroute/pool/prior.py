@@ -52,9 +52,11 @@ class Prior(msgspec.Struct, frozen=True, kw_only=True):
             for bucket, lengths in self.accept_length.items():
                 for steps, length in sorted(lengths.items()):
                     telemetry.acceptance.observe(
-                        f"{model}:{bucket}", steps=steps, accept_length=length,
+                        f"{model}:{bucket}",
+                        steps=steps,
+                        accept_length=length,
                         verifies=PRIOR_VERIFIES,
-                    )  # fmt: skip
+                    )
         return telemetry
 
 
