@@ -245,7 +245,11 @@ class ReplicasConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=
     scrape_stale_s: Positive = 15.0
     """A scrape older than this ages out (at least twice `metrics_interval_s` is used)."""
     gauge_lag_s: NonNegative = 0.5
-    """How far behind a backend's running and queued gauges may be."""
+    """How far behind a backend's running and queued gauges may be (at least 40 iterations)."""
+    split: Literal["capacity", "room"] = "capacity"
+    """What replicas split by rank: each backend's `capacity` (never over it together; a
+    replica with more requests than its share holds them) or the `room` free at each scrape
+    (fuller use; a slot can be taken twice when the gauges miss a replica's newest requests)."""
 
     def __post_init__(self) -> None:
         for url in self.peers:

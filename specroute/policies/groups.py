@@ -153,11 +153,15 @@ class Groups:
     def put(self, view: BackendView, position: int) -> None:
         """Add a backend or replace its view; `position` is its place in the pool's order."""
         old = self._slots.get(view.name)
-        same_place = old is not None and old.position == position and old.level == level(view)
-        if old is not None and same_place and old.group.key == key_of(view):
+        if old is not None and old.position == position and old.group.key == key_of(view):
             self._count(old.view, -1)
-            old.view = view
             self._count(view, 1)
+            old.view = view
+            new_level = level(view)
+            if new_level != old.level:  # same group, another bucket
+                old.group._drop(old)
+                old.level = new_level
+                old.group._add(old)
             return
         if old is not None:
             self.remove(view.name)

@@ -4,6 +4,7 @@ SGLang's own tools (sglang.bench_serving) work through the proxy."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import msgspec
@@ -12,7 +13,14 @@ from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
 from specroute.pool import Backend, UpstreamFailure
 from specroute.proxy.state import ProxyState
 
-__all__ = ["model_list", "pool_info", "proxied_info", "scrub_secrets", "server_info"]
+__all__ = [
+    "model_list",
+    "pool_info",
+    "proxied_info",
+    "replicas_info",
+    "scrub_secrets",
+    "server_info",
+]
 
 _json = msgspec.json.Decoder(dict[str, Any])
 _SECRET_WORDS = ("api_key", "secret", "password", "credential")
@@ -47,16 +55,36 @@ def model_list(state: ProxyState) -> dict[str, Any]:
 
 
 def pool_info(state: ProxyState) -> dict[str, Any]:
+    """Every backend as policies see it (its combined load and headroom too, while it is
+    reachable), the replicas, and the recent decisions."""
+    pool = state.pool
     backends = []
-    for backend in state.pool.backends:
-        view = msgspec.structs.asdict(backend.view())
+    for backend in pool.backends:
+        view = msgspec.structs.asdict(pool.index.view_of(backend.name) or backend.view())
         view["breaker"] = backend.breaker.state.value
         backends.append(view)
     return {
         "policy": state.policy.name,
         "waiting": state.admission.waiting,
         "backends": backends,
+        "replicas": replicas_info(state),
         "recent_decisions": state.decisions.render(),
+    }
+
+
+def replicas_info(state: ProxyState) -> dict[str, Any]:
+    """This replica among the others: its id, their count and its rank (the split of each
+    backend's free room), each peer's age, and what the scrapes behind it cost."""
+    pool = state.pool
+    now = time.monotonic()
+    share = pool.index.share
+    ages = pool.peers.table.ages(now)
+    return {
+        "instance": pool.instance,
+        "replicas": share.replicas,
+        "rank": share.rank,
+        "peers": {k: None if v is None else round(v, 3) for k, v in ages.items()},
+        "scrapes": pool.scraper.stats(),
     }
 
 

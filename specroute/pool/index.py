@@ -1,0 +1,208 @@
+"""The pool's backends as policies read them: one view per backend, rebuilt only when its load,
+health, scrape or estimates change, kept in policy groups (`Groups`), so that a decision costs
+a few group lookups rather than a view of every backend."""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Collection, Iterable
+
+import msgspec
+
+from specroute.config import Config
+from specroute.policies import (
+    BackendView,
+    Candidates,
+    ClassEstimate,
+    Groups,
+    LazyBackends,
+    PoolView,
+)
+from specroute.policies.groups import batch
+from specroute.policies.predict import iteration_time
+from specroute.pool.backend import Backend
+from specroute.pool.load import LoadMark, Share, headroom
+from specroute.pool.promtext import BackendMetrics
+from specroute.pool.sharing import IterationWire, PeerTable, blend_classes, blend_iteration
+from specroute.pool.sharing import local_estimates as _local
+from specroute.pool.telemetry import Telemetry
+
+__all__ = ["DECODE_LOG_INTERVAL", "RoutingIndex"]
+
+DECODE_LOG_INTERVAL = 40
+"""SGLang's default `--decode-log-interval`: decode iterations between two gauge updates."""
+_HISTORY_S = 10.0  # own counts kept per backend: longer than any gauge lag
+
+
+class RoutingIndex:
+    """Views of the reachable backends in groups, their load marks, and the replicas' share."""
+
+    def __init__(self, config: Config, telemetry: Telemetry, peers: PeerTable) -> None:
+        replicas = config.replicas
+        self._telemetry = telemetry
+        self.peers = peers
+        self.groups = Groups()
+        self._backends: dict[str, Backend] = {}
+        self._positions: dict[str, int] = {}
+        self._marks: dict[str, LoadMark] = {}
+        self.share = Share()
+        self.stale_after_s = max(replicas.scrape_stale_s, 2 * config.health.metrics_interval_s)
+        self.lag_s = replicas.gauge_lag_s
+        self.split = replicas.split
+        self._classes_key: tuple[object, int] | None = None
+        self._classes: dict[str, ClassEstimate] = {}
+
+    def __contains__(self, name: object) -> bool:
+        """Whether the pool still has this backend (reachable or not)."""
+        return name in self._backends
+
+    # Changes -----------------------------------------------------------------------------
+    def touch(self, backend: Backend, now: float | None = None) -> None:
+        """Rebuild one backend's view after anything it shows changed (or drop it)."""
+        name = backend.name
+        self._backends[name] = backend
+        position = self._positions.setdefault(name, len(self._positions))
+        if not backend.reachable:
+            self.groups.remove(name)
+            return
+        self.groups.put(self._view(backend, time.monotonic() if now is None else now), position)
+
+    def touch_all(self, now: float | None = None) -> None:
+        for backend in list(self._backends.values()):
+            self.touch(backend, now)
+
+    def moved(self, backend: Backend) -> None:
+        """A lease came or went: only the backend's own count (and what follows from it)
+        changed, so its view is patched rather than rebuilt."""
+        now = time.monotonic()
+        name, own = backend.name, backend.in_flight
+        mark = self._mark(name)
+        mark.moved(own, now, _HISTORY_S)
+        old = self.groups.get(name)
+        if old is None or not backend.reachable:
+            self.touch(backend, now)
+            return
+        view = msgspec.structs.replace(old, in_flight=own, **self._load_fields(backend, mark, now))
+        self.groups.put(view, self._positions[name])
+
+    def scraped(self, backend: Backend, metrics: BackendMetrics, now: float) -> None:
+        """A /metrics answer: the backend's running and queued count, every client's."""
+        if metrics.running is not None or metrics.queued is not None:
+            total = round((metrics.running or 0) + (metrics.queued or 0))
+            self._mark(backend.name).scraped(total, backend.in_flight, now, self._lag(backend))
+        self.touch(backend, now)
+
+    def _lag(self, backend: Backend) -> float:
+        """How old its gauges may be: SGLang writes them at each prefill and every
+        `--decode-log-interval` decode iterations, so up to that many iterations at its batch."""
+        view = self.groups.get(backend.name)
+        if view is None:
+            return self.lag_s
+        return max(self.lag_s, DECODE_LOG_INTERVAL * iteration_time(view, batch(view)))
+
+    def remove(self, name: str) -> None:
+        self.groups.remove(name)
+        self._backends.pop(name, None)
+        self._marks.pop(name, None)
+
+    def stale(self, now: float) -> list[Backend]:
+        """Reachable backends whose view still counts a scrape that has aged out."""
+        out = []
+        for backend in self._backends.values():
+            view = self.groups.get(backend.name)
+            mark = self._marks.get(backend.name)
+            aged = mark is not None and not mark.fresh(now, self.stale_after_s)
+            if view is not None and view.combined is not None and aged:
+                out.append(backend)
+        return out
+
+    def _mark(self, name: str) -> LoadMark:
+        mark = self._marks.get(name)
+        if mark is None:
+            mark = self._marks[name] = LoadMark()
+        return mark
+
+    # Views -------------------------------------------------------------------------------
+    def _view(self, backend: Backend, now: float) -> BackendView:
+        steps = backend.steps
+        model = None if steps is None else self._telemetry.iteration_model(backend.name, steps)
+        base = backend.view(model)
+        extra = self._load_fields(backend, self._mark(backend.name), now)
+        if model is not None and self.share.replicas > 1:
+            mine = IterationWire(
+                backend=backend.name, steps=steps or 0, intercept_s=model.intercept,
+                per_token_s=model.slope, observations=model.observations,
+            )  # fmt: skip
+            fits = self.peers.iteration(backend.name, steps or 0, now)
+            a, s, n = blend_iteration(mine, fits)
+            extra.update(iteration_intercept_s=a, iteration_per_token_s=s, iteration_samples=n)
+        return msgspec.structs.replace(base, **extra)
+
+    def _load_fields(self, backend: Backend, mark: LoadMark, now: float) -> dict[str, object]:
+        own = backend.in_flight
+        return {
+            "combined": mark.combined(own, now, self.stale_after_s),
+            "headroom": headroom(
+                mark, own, backend.capacity, self.share, now=now,
+                stale_after_s=self.stale_after_s, offset=_offset(backend.name),
+                split=self.split,
+            ),
+        }  # fmt: skip
+
+    def view_of(self, name: str) -> BackendView | None:
+        return self.groups.get(name)
+
+    def classes(self, instance: str, now: float) -> dict[str, ClassEstimate]:
+        """Acceptance and lengths per class, blended over this replica and its live peers;
+        rebuilt only when either learned something."""
+        own = self._telemetry.classes()
+        key = (own, self.peers.version)
+        if key != self._classes_key:
+            peers = self.peers.live(now)
+            self._classes = (
+                dict(own)
+                if not peers
+                else dict(blend_classes([_local(self._telemetry, instance), *peers]))
+            )
+            self._classes_key = key
+        return self._classes
+
+    def candidates(self, model: str | None, exclude: Collection[str], now: float) -> Candidates:
+        """The groups, with the test a request's backend must pass: reachable, circuit
+        allowing, under its limit (with several replicas: its share of the room), serving
+        `model`, not tried yet."""
+        backends = self._backends
+        shared = self.share.replicas > 1
+
+        def usable(view: BackendView) -> bool:
+            backend = backends.get(view.name)
+            if backend is None or view.name in exclude or not backend.available(now):
+                return False
+            if shared and view.headroom is not None and view.headroom <= 0:
+                return False
+            if model is None or backend.model == model:
+                return True
+            models = backend.models
+            return not models or model in models
+
+        return Candidates(self.groups, usable)
+
+    def pool_view(self, candidates: Candidates, classes: dict[str, ClassEstimate]) -> PoolView:
+        groups = self.groups
+        return PoolView(
+            backends=LazyBackends(candidates),
+            classes=classes,
+            prior_alpha=self._telemetry.acceptance.prior_alpha,
+            in_flight_total=groups.batch_total,
+            capacity_total=groups.capacity_total if groups.capacity_known else None,
+            candidates=candidates,
+        )
+
+    def members(self) -> Iterable[BackendView]:
+        return self.groups.ordered()
+
+
+def _offset(name: str) -> int:
+    """Where a backend's slot split starts among the replicas: the same on every replica."""
+    return zlib.crc32(name.encode())
