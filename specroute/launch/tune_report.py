@@ -200,7 +200,7 @@ def launch_command(options: TuneOptions, servers: Sequence[ServerPlan], prior: s
         parts += ["--max-running-requests", str(launch.max_running_requests)]
     flag = "--emulator-arg" if launch.emulate else "--sglang-arg"
     extra = list(launch.emulator_args if launch.emulate else launch.sglang_args)
-    if launch.emulate and options.profile:
+    if launch.emulate and options.profile not in (None, DEFAULT_PROFILE):
         extra.insert(0, f"--profile={options.profile}")
     if any(s.adaptive for s in servers):
         extra.append("--speculative-adaptive")
