@@ -125,3 +125,18 @@ def test_regimes_merge_adjacent_levels_with_the_same_best() -> None:
         (16, 16, "steps2"),
         (32, 32, "steps3"),
     ]
+
+
+def test_the_best_fixed_depth_is_a_fixed_depth_even_when_an_adaptive_server_beats_it() -> None:
+    table = {**CROSSING, "adaptive": {1: 160.0, 4: 500.0, 16: 1250.0, 64: 1600.0}}
+    profile = Profile(
+        targets=[
+            Target(label=label, points=[Point(traffic="t", concurrency=c, aggregate_tok_s=v,
+                                              per_request_tok_s=v / c) for c, v in curve.items()])
+            for label, curve in table.items()
+        ]
+    )  # fmt: skip
+    advice = advise(profile, "t", ["steps1", "steps2", "steps3"], ["adaptive"], servers=2)
+    assert advice is not None
+    assert advice.best_fixed == "steps2"
+    assert set(advice.best_by_level.values()) == {"adaptive"}  # the best server at every level

@@ -249,7 +249,8 @@ def advise(
         return None
     per_request = curves(profile, traffic, "per_request")
     best_by_level = {c: _best_at(aggregate, c) for c in _levels(aggregate)}
-    label, gap, at = best_fixed(aggregate)
+    fixed = {lab: aggregate[lab] for lab in depths if lab in aggregate} or aggregate
+    label, gap, at = best_fixed(fixed)
     gains = step_gains(aggregate, per_request, depths)
     shrinking, worth = diminishing(gains)
     return Advice(
