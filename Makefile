@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "specroute needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[bench,dev]'
+	$(PY) -m pip install --quiet -e '.[bench,dev,gpu-bench]'
 	@touch $(STAMP)
 
 install: $(STAMP)
