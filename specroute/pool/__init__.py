@@ -4,12 +4,14 @@ from specroute.pool.backend import Backend
 from specroute.pool.breaker import BreakerState, CircuitBreaker
 from specroute.pool.client import (
     ConnectFailed,
+    Stalled,
     StreamBroken,
     TimedOut,
     UpstreamClient,
     UpstreamFailure,
     UpstreamResponse,
 )
+from specroute.pool.estimators import StallRule
 from specroute.pool.pool import Lease, Pool
 from specroute.pool.prior import load_profile_priors, priors_from_profile
 from specroute.pool.promtext import BackendMetrics, parse_metrics
@@ -23,6 +25,8 @@ __all__ = [
     "ConnectFailed",
     "Lease",
     "Pool",
+    "StallRule",
+    "Stalled",
     "StreamBroken",
     "Telemetry",
     "TimedOut",

@@ -1,4 +1,5 @@
-"""One backend's live state: what discovery learned, health with thresholds, load, breaker."""
+"""One backend's live state: what discovery learned, health (its probes with thresholds, and its
+streams: one that stalled makes it unhealthy until a request succeeds), load, breaker."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ class Backend:
         self._health = health
         self._overcommit = admission.overcommit
         self.breaker = CircuitBreaker(breaker.failure_threshold, breaker.open_s)
-        self.healthy = False
+        self.reachable = False  # what its /ready probes say, with the thresholds
         self.needs_discovery = True
         self._ok_streak = 0
         self._fail_streak = 0
@@ -107,29 +108,39 @@ class Backend:
         self.in_flight += delta
 
     # Health ------------------------------------------------------------------------------
+    @property
+    def healthy(self) -> bool:
+        """Passing its /ready checks and with no stalled stream since its last success: SGLang
+        answers /ready from its HTTP process, which stays up when its scheduler hangs."""
+        return self.reachable and not self.breaker.stalled
+
     def on_probe(self, ok: bool) -> str | None:
         """Count one /ready result; return "up" or "down" when the state flips."""
         if ok:
             self._ok_streak += 1
             self._fail_streak = 0
-            if not self.healthy and self._ok_streak >= self._health.success_threshold:
-                self.healthy = True
+            if not self.reachable and self._ok_streak >= self._health.success_threshold:
+                self.reachable = True
                 self.needs_discovery = True
                 self.breaker.reset()
                 return "up"
         else:
             self._fail_streak += 1
             self._ok_streak = 0
-            if self.healthy and self._fail_streak >= self._health.failure_threshold:
-                self.healthy = False
+            if self.reachable and self._fail_streak >= self._health.failure_threshold:
+                self.reachable = False
                 return "down"
         return None
 
     def available(self, now: float) -> bool:
-        """Healthy, circuit allowing, and below its in-flight limit."""
+        """Reachable, circuit allowing, and below its in-flight limit. A stalled backend is
+        unhealthy but still gets its circuit's one trial after `open_s`: nothing else could
+        show that it recovered."""
         limit = self.limit
         return (
-            self.healthy and (limit is None or self.in_flight < limit) and self.breaker.allows(now)
+            self.reachable
+            and (limit is None or self.in_flight < limit)
+            and self.breaker.allows(now)
         )
 
     def view(self, iteration: IterationTimeModel | None = None) -> BackendView:

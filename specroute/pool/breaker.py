@@ -1,4 +1,5 @@
-"""A per-backend circuit breaker: open after consecutive failures, one trial after a pause."""
+"""A per-backend circuit breaker: open after consecutive failures, or at once when a stream
+stalls; one trial after a pause."""
 
 from __future__ import annotations
 
@@ -14,9 +15,19 @@ class BreakerState(enum.Enum):
 
 
 class CircuitBreaker:
-    """Pure state machine; the caller passes `now` (monotonic seconds)."""
+    """Pure state machine; the caller passes `now` (monotonic seconds). `stalled` holds from a
+    stall until a request succeeds (or the backend passes its health checks again after
+    failing them): the backend counts as unhealthy meanwhile."""
 
-    __slots__ = ("_failures", "_opened_at", "_trial_out", "open_s", "state", "threshold")
+    __slots__ = (
+        "_failures",
+        "_opened_at",
+        "_trial_out",
+        "open_s",
+        "stalled",
+        "state",
+        "threshold",
+    )
 
     def __init__(self, threshold: int, open_s: float) -> None:
         self.threshold = threshold
@@ -25,6 +36,7 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at = 0.0
         self._trial_out = False
+        self.stalled = False
 
     def allows(self, now: float) -> bool:
         """May a request be sent now? (Half-open lets exactly one trial through.)"""
@@ -43,6 +55,7 @@ class CircuitBreaker:
         self.state = BreakerState.CLOSED
         self._failures = 0
         self._trial_out = False
+        self.stalled = False
 
     def on_failure(self, now: float) -> None:
         self._failures += 1
@@ -50,6 +63,15 @@ class CircuitBreaker:
             self.state = BreakerState.OPEN
             self._opened_at = now
             self._trial_out = False
+
+    def on_stall(self, now: float) -> None:
+        """A stream went quiet past its limit: it held its client for that long, so one is
+        enough to open the circuit."""
+        self.stalled = True
+        self._failures = max(self._failures + 1, self.threshold)
+        self.state = BreakerState.OPEN
+        self._opened_at = now
+        self._trial_out = False
 
     def on_abandon(self) -> None:
         """The request ended with no verdict (the client left): let another trial through."""

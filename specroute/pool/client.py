@@ -9,6 +9,7 @@ instead. Every other module sees only `UpstreamResponse` and the `UpstreamFailur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
@@ -18,6 +19,7 @@ from specroute.pool.h1 import H1Pool, H1Transport
 
 __all__ = [
     "ConnectFailed",
+    "Stalled",
     "StreamBroken",
     "TimedOut",
     "UpstreamClient",
@@ -36,6 +38,16 @@ class ConnectFailed(UpstreamFailure):
 
 class TimedOut(UpstreamFailure):
     """No first byte within `first_byte_s`, or a stream idle for longer than `idle_s`."""
+
+
+class Stalled(TimedOut):
+    """A stream quiet past its backend's learned limit (`StallRule`), before its first token
+    or between chunks (`phase`)."""
+
+    def __init__(self, phase: str, limit_s: float) -> None:
+        super().__init__(f"no bytes from the backend for {limit_s:.3g} s ({phase})")
+        self.phase = phase
+        self.limit_s = limit_s
 
 
 class StreamBroken(UpstreamFailure):
@@ -82,7 +94,7 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The whole body; each wait for more is bounded by `first_byte_s`."""
         parts = []
-        while (chunk := await self._chunk(self._first_byte_s)) is not None:
+        while (chunk := await self.next_chunk(self._first_byte_s)) is not None:
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -90,11 +102,13 @@ class UpstreamResponse:
         """Body bytes as they arrive: the first within `first_byte_s`, each next within
         `idle_s`."""
         wait_s = self._first_byte_s
-        while (chunk := await self._chunk(wait_s)) is not None:
+        while (chunk := await self.next_chunk(wait_s)) is not None:
             wait_s = idle_s
             yield chunk
 
-    async def _chunk(self, wait_s: float) -> bytes | None:
+    async def next_chunk(self, wait_s: float) -> bytes | None:
+        """The body bytes received since the last call, waiting up to `wait_s` seconds for
+        some (else TimedOut, after which the reply may be read on); None at its end."""
         try:
             return await self._next(wait_s)
         except httpx.TimeoutException as exc:
@@ -108,18 +122,33 @@ class UpstreamResponse:
             await closing
 
 
-def _httpx_reader(response: httpx.Response) -> NextChunk:
-    """`next_chunk` over an httpx response, for the `httpx` transport."""
-    stream = response.aiter_raw().__aiter__()
+class _HttpxReader:
+    """`next_chunk` over an httpx response, for the `httpx` transport. A wait that times out
+    leaves its read pending for the next call: cancelling it would end httpx's stream."""
 
-    async def next_chunk(wait_s: float | None) -> bytes | None:
-        try:
-            async with asyncio.timeout(wait_s):
-                return await anext(stream, None)
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(f"nothing within {wait_s:g} s") from exc
+    __slots__ = ("_pending", "_response", "_stream")
 
-    return next_chunk
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self._stream = response.aiter_raw().__aiter__()
+        self._pending: asyncio.Future[bytes | None] | None = None
+
+    async def next_chunk(self, wait_s: float | None) -> bytes | None:
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = asyncio.ensure_future(anext(self._stream, None))
+        done, _ = await asyncio.wait((pending,), timeout=wait_s)
+        if not done:
+            raise httpx.ReadTimeout(f"nothing within {wait_s:g} s")
+        self._pending = None
+        return pending.result()
+
+    async def aclose(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await self._pending
+        await self._response.aclose()
 
 
 class UpstreamClient:
@@ -182,11 +211,12 @@ class UpstreamClient:
             response = await self._httpx.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
+        reader = _HttpxReader(response)
         return UpstreamResponse(
             response.status_code,
             response.headers.raw,
-            _httpx_reader(response),
-            response.aclose,
+            reader.next_chunk,
+            reader.aclose,
             first_byte_s,
         )
 

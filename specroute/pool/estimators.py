@@ -1,4 +1,5 @@
-"""What the pool learns from outcomes: acceptance per workload class, iteration time per backend.
+"""What the pool learns from outcomes: acceptance per workload class, iteration time per backend,
+and how long a backend's streams go quiet (for their stall limits).
 
 Pure and synchronous. Acceptance is kept as a constant per-token rate alpha (solving
 `E_k(alpha) = L` for an accept length L seen at depth k, so one estimate serves every depth)
@@ -8,6 +9,8 @@ acceptance decays with draft position.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from specroute.speculation import (
@@ -23,7 +26,9 @@ __all__ = [
     "AcceptanceEstimator",
     "ClassLengths",
     "DecayingMean",
+    "DurationHistogram",
     "IterationTimeModel",
+    "StallRule",
 ]
 
 
@@ -142,3 +147,89 @@ class ClassLengths:
     def get(self, klass: str) -> float:
         mean = self.classes.get(klass)
         return mean.value if mean is not None else self.prior_tokens
+
+
+_LOWEST_S = 0.001
+_GROWTH = 1.25
+_BUCKETS = 64  # 1 ms up to 1 ms x 1.25^64 = 1,600 s, each bucket 25% wide
+_LOG_GROWTH = math.log(_GROWTH)
+
+
+def _bucket(seconds: float) -> int:
+    if seconds <= _LOWEST_S:
+        return 0
+    return min(_BUCKETS - 1, int(math.log(seconds / _LOWEST_S) / _LOG_GROWTH) + 1)
+
+
+class DurationHistogram:
+    """Quantiles of a stream of durations in fixed memory: 64 log-spaced buckets, each 25% wide.
+
+    A quantile is read as its bucket's upper edge (at most 25% high, never low). Past `window`
+    samples every count is halved (or more, back under it), so the estimate follows a backend
+    whose pace changes with its load, at one pass over the buckets per `window / 2` samples.
+    """
+
+    __slots__ = ("_cache", "_counts", "_window", "total")
+
+    def __init__(self, window: float = 4096.0) -> None:
+        self._counts = [0.0] * _BUCKETS
+        self._window = window
+        self._cache: dict[float, float] = {}
+        self.total = 0.0
+
+    def add_all(self, durations: Iterable[float]) -> None:
+        counts, added = self._counts, 0
+        for seconds in durations:
+            counts[_bucket(seconds)] += 1.0
+            added += 1
+        if not added:
+            return
+        self.total += added
+        self._cache.clear()
+        if self.total > self._window:
+            keep = 0.5
+            while self.total * keep > self._window:
+                keep /= 2
+            self._counts = [c * keep for c in counts]
+            self.total *= keep
+
+    def quantile(self, q: float, extra: Sequence[float] = ()) -> float:
+        """The `q` quantile of what was added plus `extra` (not kept); 0 when both are empty."""
+        if not extra and q in self._cache:
+            return self._cache[q]
+        counts = self._counts
+        total = self.total + len(extra)
+        if extra:
+            counts = list(counts)
+            for seconds in extra:
+                counts[_bucket(seconds)] += 1.0
+        value = 0.0
+        if total > 0:
+            rank, seen = q * total, 0.0
+            for index, count in enumerate(counts):
+                seen += count
+                if seen >= rank and count:
+                    value = _LOWEST_S * _GROWTH**index
+                    break
+        if not extra:
+            self._cache[q] = value
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class StallRule:
+    """How long a stream may stay quiet: `factor` times the `quantile` of the backend's own
+    quiet times, never below `floor_s` nor above `ceiling_s`; `ceiling_s` until `min_samples`
+    have been seen (an unknown backend keeps the configured limit)."""
+
+    factor: float
+    floor_s: float
+    ceiling_s: float
+    quantile: float = 0.99
+    min_samples: int = 16
+
+    def limit_s(self, seen: DurationHistogram, extra: Sequence[float] = ()) -> float:
+        if seen.total + len(extra) < self.min_samples:
+            return self.ceiling_s
+        learned = self.factor * seen.quantile(self.quantile, extra)
+        return min(self.ceiling_s, max(self.floor_s, learned))

@@ -172,6 +172,14 @@ class Pool:
     def lease(self, backend: Backend) -> Lease:
         return Lease(self, backend)
 
+    def stalled(self, backend: Backend, phase: str, limit_s: float) -> None:
+        """One of `backend`'s streams stayed quiet past its limit (`phase`: before its first
+        token or between chunks): the backend is unhealthy and its circuit open."""
+        if backend.healthy:
+            log.warning("backend_stalled", backend=backend.name, phase=phase, limit_s=limit_s)
+        backend.breaker.on_stall(time.monotonic())
+        self.notify()
+
     def known_models(self) -> set[str]:
         """Every name the backends list: their models and any LoRA adapters they loaded."""
         return set().union(*(b.models for b in self.backends)) if self.backends else set()
@@ -199,7 +207,7 @@ class Pool:
     async def _first_look(self, backend: Backend) -> None:
         for _ in range(self._config.health.success_threshold):
             await self._probe(backend)
-        if backend.healthy:
+        if backend.reachable:
             await self._discover(backend)
 
     async def _watch(self, backend: Backend) -> None:
@@ -211,10 +219,10 @@ class Pool:
             try:
                 await self._probe(backend)
                 now = time.monotonic()
-                if backend.healthy and (backend.needs_discovery or now >= next_discovery):
+                if backend.reachable and (backend.needs_discovery or now >= next_discovery):
                     await self._discover(backend)
                     next_discovery = now + health.discovery_interval_s
-                if backend.healthy and now >= next_scrape:
+                if backend.reachable and now >= next_scrape:
                     await self._scrape(backend)
                     next_scrape = now + health.metrics_interval_s
             except Exception:  # the watch must outlive any one bad reply; log and go on

@@ -1,4 +1,5 @@
-"""Outcomes into estimates: per-class acceptance and length, per-backend iteration time.
+"""Outcomes into estimates: per-class acceptance and length, per-backend iteration time and
+quiet times (before a stream's first token and between its chunks, for its stall limits).
 
 `Telemetry.observe` picks the most exact acceptance source an outcome has (SGLang's
 `sglext.spec_tokens_details`, else tokens per stream chunk, else the backend's scraped accept
@@ -10,14 +11,20 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 import structlog
 
 from specroute.policies import ClassEstimate, Outcome
-from specroute.pool.estimators import AcceptanceEstimator, ClassLengths, IterationTimeModel
+from specroute.pool.estimators import (
+    AcceptanceEstimator,
+    ClassLengths,
+    DurationHistogram,
+    IterationTimeModel,
+)
 from specroute.speculation import PRIOR_ALPHA
 
-__all__ = ["IterationPrior", "Telemetry", "accept_sample", "iteration_sample"]
+__all__ = ["IterationPrior", "StreamTimes", "Telemetry", "accept_sample", "iteration_sample"]
 
 log = structlog.get_logger()
 
@@ -67,6 +74,15 @@ def iteration_sample(outcome: Outcome, capacity: int | None) -> tuple[float, flo
     return max(1.0, batch), sum(gaps) / len(used), len(used)
 
 
+@dataclass(slots=True)
+class StreamTimes:
+    """How long one backend's streams stay quiet: from the request to the first chunk, and
+    between chunks (a failed stream's gaps too: they are what it showed before it failed)."""
+
+    first: DurationHistogram = field(default_factory=DurationHistogram)
+    gaps: DurationHistogram = field(default_factory=DurationHistogram)
+
+
 class Telemetry:
     """The pool's estimators, fed with every outcome; pure and synchronous."""
 
@@ -82,7 +98,15 @@ class Telemetry:
         self.iteration: dict[tuple[str, int], IterationTimeModel] = {}
         self.priors: dict[int, IterationPrior] = dict(priors or {})
         self.sources: dict[str, int] = {}
+        self.streams: dict[str, StreamTimes] = {}
         self._classes: dict[str, ClassEstimate] | None = None
+
+    def stream_times(self, backend: str) -> StreamTimes:
+        """The quiet times seen on `backend`'s streams (empty for a new backend)."""
+        times = self.streams.get(backend)
+        if times is None:
+            times = self.streams[backend] = StreamTimes()
+        return times
 
     def iteration_model(self, backend: str, steps: int) -> IterationTimeModel:
         """This backend's fit at this depth, created from the prior for the depth if any."""
@@ -118,6 +142,11 @@ class Telemetry:
                 klass, steps=outcome.steps, accept_length=length, verifies=verifies
             )
             self.sources[source] = self.sources.get(source, 0) + 1
+        if outcome.stream:
+            times = self.stream_times(outcome.backend)
+            if outcome.ttft_s is not None:
+                times.first.add_all((outcome.ttft_s,))
+            times.gaps.add_all(outcome.chunk_gaps_s)
         timing = iteration_sample(outcome, capacity)
         if timing is not None and outcome.steps is not None:
             batch, seconds, used = timing
