@@ -25,6 +25,7 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 LIMIT = 1 << 20
 CONFIG = f"""
 api_keys = ["{KEY}"]
+class_keys = ["{KEY}"]
 admin_key = "{ADMIN}"
 max_body_bytes = {LIMIT}
 [health]

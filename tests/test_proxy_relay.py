@@ -109,3 +109,29 @@ async def _relayed_in_step(events: list[bytes]) -> list[bytes]:
                 received.append(data)
                 turn.put_nowait(None)
     return received
+
+
+def test_a_body_too_slow_for_the_protocol_is_recorded_as_408_not_as_a_client_that_left() -> None:
+    statuses = asyncio.run(_slow_body())
+    assert statuses["reply"] == 408
+    assert statuses["recorded"] == ["408"]
+
+
+async def _slow_body() -> dict[str, Any]:
+    async with (
+        Upstream(stream_of([])).running() as backend,
+        inprocess.proxy({"only": backend}, limits={"body_timeout_s": 0.3}) as (url, app),
+    ):
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n"
+        writer.write(head + b'{"model":')  # and the rest never comes
+        reply = await reader.read(65536)
+        writer.close()
+        requests = app.state.metrics.requests
+        for _ in range(200):  # the relay records the request once its handler has ended
+            if requests.values:
+                break
+            await asyncio.sleep(0.01)
+        recorded = [labels[3] for labels in requests.values]
+    return {"reply": int(reply.split(b" ", 2)[1]), "recorded": recorded}

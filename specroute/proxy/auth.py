@@ -1,4 +1,5 @@
-"""API and admin keys: Bearer tokens compared in constant time; keys are never logged."""
+"""API and admin keys, and which keys may name a workload class: Bearer tokens compared in
+constant time; keys are never logged."""
 
 from __future__ import annotations
 
@@ -38,11 +39,14 @@ def _bearer(authorization: bytes | None) -> bytes | None:
 class Auth:
     """Checks the `Authorization: Bearer KEY` header; open when no API keys are set."""
 
-    __slots__ = ("_admin", "_keys", "required")
+    __slots__ = ("_admin", "_class_keys", "_keys", "required")
 
-    def __init__(self, api_keys: tuple[str, ...], admin_key: str | None) -> None:
+    def __init__(
+        self, api_keys: tuple[str, ...], admin_key: str | None, class_keys: tuple[str, ...] = ()
+    ) -> None:
         self._admin = (admin_key.encode(),) if admin_key else ()
         self._keys = tuple(k.encode() for k in api_keys) + self._admin
+        self._class_keys = tuple(k.encode() for k in class_keys) + self._admin
         self.required = bool(api_keys)
 
     def check(self, authorization: bytes | None) -> None:
@@ -54,6 +58,14 @@ class Auth:
             raise AuthenticationError("missing API key: send `Authorization: Bearer KEY`")
         if not _matches(token, self._keys):
             raise AuthenticationError("invalid API key")
+
+    def may_name_class(self, authorization: bytes | None) -> bool:
+        """Whether a request with this (already checked) key may name its workload class:
+        every request when no API keys are set, else one with a class key or the admin key."""
+        if not self.required:
+            return True
+        token = _bearer(authorization)
+        return token is not None and _matches(token, self._class_keys)
 
     def require(self, access: str, authorization: bytes | None) -> None:
         """Enforce `access` ("public", "client" or "admin") on one request."""

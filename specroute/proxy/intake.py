@@ -1,12 +1,14 @@
 """Reading a client's request, first thing: header values as given, the body within its size
-and time limits, the few fields routing needs decoded from the client's bytes (the rest left
-untouched), the `RouteRequest` a policy sees, and the body to forward with what the proxy adds
-to learn from the reply."""
+and time limits and under the cap on bodies held at once, the few fields routing needs decoded
+from the client's bytes (the rest left untouched), the workload class (named by the client only
+where its key may), the `RouteRequest` a policy sees, and the body to forward with what the
+proxy adds to learn from the reply."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
 from typing import Any, NamedTuple
 
@@ -21,6 +23,9 @@ from specroute.errors import (
 )
 from specroute.policies import RouteRequest
 from specroute.pool import Pool
+from specroute.proxy.auth import Auth
+from specroute.proxy.bodies import BodyHold
+from specroute.proxy.stalls import ClientTransport
 from specroute.speculation import is_greedy
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "RoutingFields",
     "Scope",
     "Send",
+    "class_name",
     "decode_fields",
     "disconnect_signal",
     "header",
@@ -51,7 +57,8 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 _REQUEST_ID_MAX = 128
-_CLASS_NAME_MAX = 64
+_CLASS_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,63}")
+"""A client-named workload class: it becomes a Prometheus label value, so a short plain name."""
 _CLASSES_MAX = 256
 """Distinct client-named workload classes: each costs estimator state and metric series, so
 names past this many fall back to the model's own class rather than grow without bound."""
@@ -77,22 +84,31 @@ class Incoming(NamedTuple):
 
 
 class Intake:
-    """Reads each request of one app: its limits, its pool's models, and the client-named
-    workload classes it has accepted so far."""
+    """Reads each request of one app: its limits, its pool's models, the keys that may name a
+    workload class, and the client-named classes it has accepted so far. A class header it
+    does not honour is passed to `on_ignored` with the reason (`not_allowed`, `invalid`,
+    `too_many`)."""
 
-    def __init__(self, config: Config, pool: Pool) -> None:
+    def __init__(
+        self, config: Config, pool: Pool, auth: Auth, on_ignored: Callable[[str], None]
+    ) -> None:
         self._config = config
         self._pool = pool
+        self._auth = auth
+        self._on_ignored = on_ignored
         self._classes: set[str] = set()
 
-    async def read(self, route: str, scope: Scope, receive: Receive) -> Incoming:
-        """The request on `route`: a 4xx error if it is too big, too slow, malformed, or asks
-        for a model no backend serves."""
+    async def read(self, route: str, scope: Scope, receive: Receive, hold: BodyHold) -> Incoming:
+        """The request on `route`, its body's bytes reserved in `hold`: a 4xx error if it is
+        too big, too slow, malformed, or asks for a model no backend serves; a 503 when bodies
+        in flight leave no room for it."""
         config = self._config
-        body = await read_body(scope, receive, config.max_body_bytes, config.limits.body_timeout_s)
+        body = await read_body(
+            scope, receive, config.max_body_bytes, config.limits.body_timeout_s, hold
+        )
         fields = decode_fields(route, body)
         model = self._served_model(fields.model)
-        klass = self._workload_class(header(scope, b"x-specroute-class"))
+        klass = self._workload_class(scope)
         forwarded, extras = upstream_body(body, fields, config.learn)
         named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
         return Incoming(route_request(route, named, klass), forwarded, extras)
@@ -111,16 +127,26 @@ class Intake:
             )
         return found
 
-    def _workload_class(self, given: bytes | None) -> str | None:
-        """The client's `X-Specroute-Class`, if it is a short printable name and either known
-        or within the cap on distinct classes; else None (the model's own class)."""
-        name = printable(given, _CLASS_NAME_MAX)
-        if name is None or name in self._classes:
-            return name
-        if len(self._classes) >= _CLASSES_MAX:
+    def _workload_class(self, scope: Scope) -> str | None:
+        """The client's `X-Specroute-Class` if its key may name one, the name is plain
+        (`class_name`), and it is known or within the cap on distinct classes; else None
+        (the model's own class). An estimate is only as good as the labels that feed it."""
+        given = header(scope, b"x-specroute-class")
+        if given is None:
             return None
-        self._classes.add(name)
-        return name
+        name = class_name(given)
+        if not self._auth.may_name_class(header(scope, b"authorization")):
+            self._on_ignored("not_allowed")
+        elif name is None:
+            self._on_ignored("invalid")
+        elif name in self._classes:
+            return name
+        elif len(self._classes) >= _CLASSES_MAX:
+            self._on_ignored("too_many")
+        else:
+            self._classes.add(name)
+            return name
+        return None
 
 
 def served_name(model: str, served: Collection[str]) -> str | None:
@@ -155,35 +181,66 @@ def printable(value: bytes | None, limit: int) -> str | None:
     return None
 
 
+def class_name(given: bytes) -> str | None:
+    """`given` as a workload class name: up to 64 letters, digits and `._:/@+-`, else None."""
+    return given.decode("ascii") if _CLASS_NAME.fullmatch(given) else None
+
+
 def request_id(given: bytes | None) -> str:
     """The client's `X-Request-Id` when it is short printable ASCII, else a fresh one: it goes
     into logs and back into a response header, so nothing else is echoed."""
     return printable(given, _REQUEST_ID_MAX) or os.urandom(8).hex()
 
 
-async def read_body(scope: Scope, receive: Receive, limit: int, timeout_s: float) -> bytes:
-    """The whole body, refused past `limit` bytes or when it takes longer than `timeout_s`."""
-    declared = header(scope, b"content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+async def read_body(
+    scope: Scope, receive: Receive, limit: int, timeout_s: float, hold: BodyHold | None = None
+) -> bytes:
+    """The whole body, refused past `limit` bytes or when it takes longer than `timeout_s`; its
+    bytes reserved in `hold` before they are read (a declared length at once). The proxy's own
+    protocol keeps the deadline and says when it fired; the timer here is the fallback under
+    other ASGI servers."""
+    given = header(scope, b"content-length")
+    declared = int(given) if given is not None and given.isdigit() else None
+    if declared is not None and declared > limit:
         raise PayloadTooLargeError(f"request body over the limit of {limit} bytes")
+    signal = disconnect_signal(scope)
+    if signal is not None:
+        return await _receive_body(receive, limit, declared, hold, signal, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
-            return await _receive_body(receive, limit)
+            return await _receive_body(receive, limit, declared, hold, None, timeout_s)
     except TimeoutError as exc:
-        raise RequestTimeoutError(f"request body not received within {timeout_s:g} s") from exc
+        raise _too_slow(timeout_s) from exc
 
 
-async def _receive_body(receive: Receive, limit: int) -> bytes:
+def _too_slow(timeout_s: float) -> RequestTimeoutError:
+    return RequestTimeoutError(f"request body not received within {timeout_s:g} s")
+
+
+async def _receive_body(
+    receive: Receive,
+    limit: int,
+    declared: int | None,
+    hold: BodyHold | None,
+    signal: DisconnectSignal | None,
+    timeout_s: float,
+) -> bytes:
+    if hold is not None and declared:
+        await hold.take(declared)
     parts: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            if signal is not None and signal.timed_out:
+                raise _too_slow(timeout_s)
             raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLargeError(f"request body over the limit of {limit} bytes")
+        if hold is not None and declared is None:
+            await hold.take(len(chunk))
         parts.append(chunk)
         if not message.get("more_body", False):
             return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -198,12 +255,16 @@ DISCONNECT = "specroute.disconnect"
 class DisconnectSignal:
     """Fired by the server protocol when a client's connection drops before its reply ended:
     calls `on_fire` at once. Cheaper than a task per request waiting on `receive()`, which is
-    the fallback under other ASGI servers."""
+    the fallback under other ASGI servers. `timed_out` is set when the protocol ended the
+    request because its body came too slowly (it answered 408 itself); `transport` is the
+    client's connection, whose unsent bytes show a client that stopped reading."""
 
-    __slots__ = ("fired", "on_fire")
+    __slots__ = ("fired", "on_fire", "timed_out", "transport")
 
-    def __init__(self) -> None:
+    def __init__(self, transport: ClientTransport | None = None) -> None:
         self.fired = False
+        self.timed_out = False
+        self.transport = transport
         self.on_fire: Callable[[], None] | None = None
 
     def fire(self) -> None:
@@ -373,7 +434,7 @@ def upstream_body(
             tail += b',"stream_options":{"include_usage":true}'
         if add_sglext:
             tail += b',"return_spec_tokens_details":true'
-        return head[:-1] + tail + b"}", extras
+        return b"".join((memoryview(head)[:-1], tail, b"}")), extras  # one copy of the body
     data = msgspec.json.decode(body)
     if add_usage:
         options = data.get("stream_options") or {}

@@ -142,6 +142,20 @@ class ProxyMetrics:
             "Requests answered, by policy, workload class and the depth they were sent to.",
             ("policy", "workload_class", "steps"),
         )
+        self.class_ignored = Counter(
+            r,
+            "specroute_class_header_ignored_total",
+            "X-Specroute-Class headers not honoured, by reason: not_allowed (the key may not "
+            "name a class), invalid (not a plain name), too_many (past the cap on classes).",
+            ("reason",),
+        )
+        self.stalls = Counter(
+            r,
+            "specroute_stream_stalls_total",
+            "Streams whose backend stayed quiet past the learned limit, by backend and phase "
+            "(first_token, between_chunks).",
+            ("backend", "phase"),
+        )
 
     def render(self) -> bytes:
         """The registry's Prometheus text: these metrics and every collector registered."""
@@ -184,6 +198,12 @@ class ProxyGauges:
             "specroute_admission_waiting_requests",
             "Requests waiting for a free backend.",
             value=state.admission.waiting,
+        )
+        yield GaugeMetricFamily(
+            "specroute_request_body_bytes",
+            "Request-body bytes held now, all requests together (capped by "
+            "limits.max_body_bytes_in_flight).",
+            value=state.bodies.in_use,
         )
         yield from state.process.collect()
 

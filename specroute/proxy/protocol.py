@@ -205,7 +205,8 @@ class LimitedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {DISCONNECT: DisconnectSignal()}  # type: ignore[dict-item]
+        signal = DisconnectSignal(self._wire)  # the client's transport, for its unsent bytes
+        self.scope["extensions"] = {DISCONNECT: signal}  # type: ignore[dict-item]
         self._reading = _HEAD
         self._head_bytes = self._head_raw = self._head_count = 0
         self._wire.input_pending = True
@@ -312,6 +313,9 @@ class LimitedProtocol(HttpToolsProtocol):
             self._reject(RequestTimeoutError(message))
             return
         cycle = self.cycle
+        signal = disconnect_signal(cast(Scope, cycle.scope))
+        if signal is not None:
+            signal.timed_out = True  # the app records our 408, not a client that left
         cycle.disconnected = True  # the app's wait for the body ends; what it sends is dropped
         cycle.message_event.set()
         if cycle.response_started:

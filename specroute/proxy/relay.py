@@ -1,7 +1,8 @@
 """The relay: one ASGI handler for the proxied routes, a request's life top to bottom. It reads
 the request (`intake`), binds the current policy to it, routes it, forwards the client's bytes,
 retries failures that happen before the first byte reaches the client, hands the reply over
-(`reply`), and keeps the request's record: one log line, its metrics, an `Outcome` per attempt."""
+(`reply`, with the stall limits learned for its backend), and keeps the request's record: one
+log line, its metrics, an `Outcome` per attempt, and a stalled backend's breaker."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from specroute.errors import (
     UpstreamUnavailableError,
 )
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
-from specroute.pool import Lease, TimedOut, UpstreamFailure, UpstreamResponse
+from specroute.pool import (
+    Lease,
+    Stalled,
+    StallRule,
+    TimedOut,
+    UpstreamFailure,
+    UpstreamResponse,
+)
 from specroute.proxy.intake import (
     ClientGone,
     Incoming,
@@ -30,12 +38,14 @@ from specroute.proxy.intake import (
     Receive,
     Scope,
     Send,
+    disconnect_signal,
     header,
     request_id,
     watch_disconnect,
 )
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply, shutting_down
+from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
 
 __all__ = ["RELAY_PATHS", "Exchange", "Receive", "Relay", "Scope", "Send"]
@@ -56,7 +66,13 @@ class Relay:
 
     def __init__(self, state: ProxyState) -> None:
         self._state = state
-        self._intake = Intake(state.config, state.pool)
+        ignored = state.metrics.class_ignored
+        self._intake = Intake(
+            state.config, state.pool, state.auth, lambda reason: ignored.inc((reason,))
+        )
+        t = state.config.timeouts
+        self._first_rule = StallRule(t.stall_factor, t.first_token_floor_s, t.first_byte_s)
+        self._gap_rule = StallRule(t.stall_factor, t.stall_floor_s, t.idle_s)
         self.draining = False
         self._open: dict[asyncio.Task[Any], Exchange] = {}
         self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
@@ -85,15 +101,18 @@ class Relay:
         # leaves its routing, retries, headers and observation all with this one.
         ex = Exchange(route, request_id(header(scope, b"x-request-id")), state.policy, send)
         reply = ex.reply
+        signal = disconnect_signal(scope)
+        reply.transport = signal.transport if signal is not None else None
         task = asyncio.current_task()
         assert task is not None
         self._open[task] = ex
         stop_watching: Callable[[], object] | None = None
+        body = state.bodies.hold()
         try:
             if self.draining:
                 raise shutting_down()
             state.auth.check(header(scope, b"authorization"))
-            incoming = await self._intake.read(route, scope, receive)
+            incoming = await self._intake.read(route, scope, receive, body)
             ex.request = incoming.request
             stop_watching = watch_disconnect(scope, receive, partial(_client_left, task, reply))
             await self._forward(ex, incoming)
@@ -110,6 +129,7 @@ class Relay:
             else:  # a stream in flight got its error event already; the rest get a 503
                 await reply.send_error(shutting_down(), ex.headers())
         finally:
+            body.release()
             del self._open[task]
             if self._idle is not None and not self._open:
                 self._idle.set()
@@ -152,7 +172,7 @@ class Relay:
         """One try on one backend: None when the client got its answer, else why to retry."""
         backend = lease.backend
         upstream: UpstreamResponse | None = None
-        verdict: bool | None = None  # breaker: True success, False failure, None no verdict
+        verdict: bool | Stalled | None = None  # breaker: success, failure, stall, no verdict
         status, error = 0, None
         try:
             upstream = await self._state.client.send(
@@ -176,7 +196,7 @@ class Relay:
             verdict = ex.reply.error is None
             return None
         except UpstreamFailure as exc:
-            verdict, error = False, str(exc)
+            verdict, error = (exc if isinstance(exc, Stalled) else False), str(exc)
             if ex.reply.committed:
                 return None
             if not last:  # a timeout too: the client has nothing yet, another backend may answer
@@ -186,23 +206,39 @@ class Relay:
             raise UpstreamUnavailableError(f"backend {backend.name} failed: {exc}") from exc
         finally:
             lease.release()
-            _judge(lease, verdict)
+            self._judge(lease, verdict)
             if upstream is not None:
                 await upstream.aclose()
             self._learn(ex, lease, status, error or ex.reply.error)
 
     async def _reply(self, ex: Exchange, upstream: UpstreamResponse, incoming: Incoming) -> None:
         if upstream.status == 200 and upstream.content_type.startswith(b"text/event-stream"):
-            config = self._state.config
+            state = self._state
+            assert ex.backend is not None
+            times = state.pool.telemetry.stream_times(ex.backend)
+            clock = StreamClock(
+                state.config.timeouts.heartbeat_s,
+                self._first_rule.limit_s(times.first),
+                partial(self._gap_rule.limit_s, times.gaps),
+            )
             await ex.reply.send_stream(
-                upstream,
-                incoming.extras,
-                ex.headers(),
-                config.timeouts.idle_s,
-                config.limits.client_stall_s,
+                upstream, incoming.extras, ex.headers(), clock, state.config.limits.client_stall_s
             )
         else:
             await ex.reply.send_whole(upstream, incoming.extras, ex.headers())
+
+    def _judge(self, lease: Lease, verdict: bool | Stalled | None) -> None:
+        """The attempt's verdict to its backend's breaker; a stall also to its health."""
+        backend = lease.backend
+        if isinstance(verdict, Stalled):
+            self._state.metrics.stalls.inc((backend.name, verdict.phase))
+            self._state.pool.stalled(backend, verdict.phase, verdict.limit_s)
+        elif verdict is None:
+            backend.breaker.on_abandon()
+        elif verdict:
+            backend.breaker.on_success()
+        else:
+            backend.breaker.on_failure(time.monotonic())
 
     def _learn(self, ex: Exchange, lease: Lease, status: int, error: str | None) -> None:
         """The attempt's outcome to the pool's estimators, then to the request's policy."""
@@ -267,13 +303,21 @@ class Exchange:
             chunks=stream.chunks if stream is not None else 0,
             verify_count=meter.verify_ct,
             accept_length=meter.accept_length,
-            ttft_s=stream.ttft if stream is not None else None,
+            ttft_s=self._attempt_ttft(),
             chunk_gaps_s=tuple(stream.gaps) if stream is not None else (),
             duration_s=time.perf_counter() - self.attempt_started,
             in_flight_at_start=lease.in_flight_at_start,
             mean_in_flight=lease.mean_in_flight,
             error=error,
         )
+
+    def _attempt_ttft(self) -> float | None:
+        """Time from this attempt's start to its first token (the client's `ttft` counts from
+        the request's arrival, through admission and earlier attempts)."""
+        stream = self.reply.stream
+        if stream is None or stream.ttft is None:
+            return None
+        return stream.ttft - (self.attempt_started - self.started)
 
     def finish(self, metrics: ProxyMetrics) -> None:
         """The one log line and the metrics of this request."""
@@ -329,16 +373,6 @@ def upstream_error(status: int, body: bytes) -> UpstreamError:
     exc = UpstreamError(message, status=status)
     exc.error_type = kind if isinstance(kind, str) else "invalid_request_error"
     return exc
-
-
-def _judge(lease: Lease, verdict: bool | None) -> None:
-    breaker = lease.backend.breaker
-    if verdict is None:
-        breaker.on_abandon()
-    elif verdict:
-        breaker.on_success()
-    else:
-        breaker.on_failure(time.monotonic())
 
 
 def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

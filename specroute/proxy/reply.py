@@ -1,12 +1,12 @@
 """The reply to the client: a whole body, or an event stream relayed event by event as it
 arrives; what the proxy asked for and the client did not is removed, every other event goes
-on byte for byte, tokens are counted, and a client that stops reading is let go."""
+on byte for byte, tokens are counted, a quiet backend gets heartbeats sent for it until its
+stall limit, and a client that stops reading is let go."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -21,13 +21,16 @@ from specroute.errors import (
     error_body,
     error_event,
 )
-from specroute.pool import StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
+from specroute.pool import Stalled, StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
+from specroute.proxy.bodies import BODY_MEMORY_FULL
 from specroute.proxy.intake import Extras, Send
+from specroute.proxy.stalls import HEARTBEAT, ClientTransport, SendWatch, StreamClock
 from specroute.sse import DONE, SSESplitter
 
-__all__ = ["Reply", "ReplyMeter", "SendWatch", "StreamRelay", "shutting_down", "strip_reply"]
+__all__ = ["Reply", "ReplyMeter", "StreamRelay", "shutting_down", "strip_reply"]
 
 Headers = list[tuple[bytes, bytes]]
+_TICK_S = 0.001  # a wait that ends this close to the limit has reached it
 
 
 def shutting_down() -> ServiceUnavailableError:
@@ -39,8 +42,11 @@ class Reply:
     whether it ended, its status and error; and what the attempt sending it measured."""
 
     __slots__ = (
+        "_head",
         "_send",
+        "_stall_s",
         "_started",
+        "_watch",
         "client_gone",
         "committed",
         "ending",
@@ -49,11 +55,18 @@ class Reply:
         "meter",
         "status",
         "stream",
+        "transport",
     )
 
-    def __init__(self, send: Send, started: float) -> None:
+    def __init__(
+        self, send: Send, started: float, transport: ClientTransport | None = None
+    ) -> None:
         self._send = send
         self._started = started
+        self.transport = transport  # the client's connection, where the server gives it
+        self._head: Headers = []
+        self._stall_s = 0.0
+        self._watch: SendWatch | None = None
         self.status = 0
         self.error: str | None = None
         self.committed = False
@@ -90,33 +103,28 @@ class Reply:
         upstream: UpstreamResponse,
         extras: Extras,
         headers: Headers,
-        idle_s: float,
+        clock: StreamClock,
         stall_s: float,
     ) -> None:
         """Headers go out with the first event, so a backend that fails during prefill is
-        still retried invisibly; after that, failures end the stream with an error event."""
-        relay = self.stream = StreamRelay(extras, self._started)
-        chunks = upstream.chunks(idle_s).__aiter__()
-        first = await anext(chunks, b"")
-        self.status = 200
-        self.committed = True
-        start = [(b"content-type", upstream.content_type), *headers]
-        await self._send({"type": "http.response.start", "status": 200, "headers": start})
+        still retried invisibly, unless the first token takes `heartbeat_s`: then they go out
+        with a heartbeat. After that, failures end the stream with an error event."""
+        self.stream = StreamRelay(extras, self._started)
+        self._head = [(b"content-type", upstream.content_type), *headers]
+        self._stall_s = stall_s
         tail = b""
-        task = asyncio.current_task()
-        assert task is not None
-        watch = SendWatch(task, stall_s)
         try:
-            await self._relay(relay, first, chunks, watch)
-            tail = relay.rest()
-            if not relay.saw_done:
+            await self._relay(self.stream, upstream, clock)
+            tail = self.stream.rest()
+            if not self.stream.saw_done:
                 raise StreamBroken("stream ended before [DONE]")
         except UpstreamFailure as exc:
-            self.error = str(exc)
-            tail = error_event(_stream_failure(exc))
+            if self.committed:
+                self.error = str(exc)
+                tail = error_event(_stream_failure(exc))
             raise
         except asyncio.CancelledError:
-            if watch.stalled:  # nothing more can reach a client that stopped reading
+            if self._watch is not None and self._watch.stalled:  # nothing more can reach it
                 self.client_gone = True
                 self.error = "client stopped reading"
             elif self.ending:
@@ -124,25 +132,65 @@ class Reply:
                 tail = error_event(shutting_down())
             raise
         finally:
-            watch.close()
-            self.finished = True
-            if not self.client_gone:
-                await self._send({"type": "http.response.body", "body": tail, "more_body": False})
+            if self._watch is not None:
+                self._watch.close()
+            if self.committed:
+                self.finished = True
+                if not self.client_gone:
+                    await self._send({"type": "http.response.body", "body": tail})
 
     async def _relay(
-        self, relay: StreamRelay, first: bytes, chunks: AsyncIterator[bytes], watch: SendWatch
+        self, relay: StreamRelay, upstream: UpstreamResponse, clock: StreamClock
     ) -> None:
-        """Each chunk's whole events to the client as soon as they are in."""
+        """Each chunk's whole events to the client as soon as they are in. The read's own
+        timeout is the clock: a read that times out is a heartbeat, or the stall."""
         send = self._send
-        data: bytes | None = first
-        while data is not None:
+        watch = self._watch
+        wait, quiet, between = clock.first_wait(), 0.0, clock.gap_wait()
+        while True:
+            try:
+                data = await upstream.next_chunk(wait)
+            except TimedOut:
+                quiet += wait
+                wait = await self._heartbeat(relay, clock, quiet)
+                watch = self._watch
+                continue
+            if data is None:
+                return
+            wait, quiet = between, 0.0
             out = relay.feed(data, time.perf_counter())
             if out:
+                if watch is None:
+                    watch = await self._commit()
                 watch.sending = True
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 watch.sending = False
-                watch.sent += 1
-            data = await anext(chunks, None)
+                watch.sent += len(out)
+
+    async def _heartbeat(self, relay: StreamRelay, clock: StreamClock, quiet: float) -> float:
+        """The stream has been quiet for `quiet` seconds: Stalled past its limit, else a
+        heartbeat (the headers first, if they are not out); returns the next read's wait."""
+        first = relay.ttft is None
+        limit = clock.limit_s(first, relay.gaps)
+        if quiet >= limit - _TICK_S:
+            phase = "first_token" if first else "between_chunks"
+            raise Stalled(phase, limit)
+        watch = self._watch or await self._commit()
+        watch.sending = True
+        await self._send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+        watch.sending = False
+        watch.sent += len(HEARTBEAT)
+        return min(clock.heartbeat_s, limit - quiet)
+
+    async def _commit(self) -> SendWatch:
+        """The stream's headers go out; from now on its client's reading pace is watched."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.status = 200
+        self.committed = True
+        watch = self._watch = SendWatch(task, self._stall_s, self.transport)
+        await self._send({"type": "http.response.start", "status": 200, "headers": self._head})
+        return watch
 
     async def send_error(self, exc: SpecrouteError, headers: Headers) -> None:
         """`exc` in OpenAI's shape, unless the reply is under way (then it has its error)."""
@@ -152,7 +200,9 @@ class Reply:
             return
         self.committed = self.finished = True
         start = [(b"content-type", b"application/json"), *exc.headers(), *headers]
-        if isinstance(exc, RequestTimeoutError | PayloadTooLargeError):
+        if isinstance(exc, RequestTimeoutError | PayloadTooLargeError) or (
+            exc.code == BODY_MEMORY_FULL
+        ):
             start.append((b"connection", b"close"))  # the rest of its body was never read
         await self._send({"type": "http.response.start", "status": exc.status, "headers": start})
         await self._send(
@@ -164,35 +214,6 @@ def _stream_failure(exc: UpstreamFailure) -> SpecrouteError:
     if isinstance(exc, TimedOut):
         return UpstreamTimeoutError(f"backend stream stalled: {exc}")
     return StreamInterruptedError(f"backend stream interrupted: {exc}")
-
-
-class SendWatch:
-    """A watch on a streaming client's reading pace. A client that stops reading but keeps its
-    connection open would otherwise hold a backend slot for as long as it likes. Set `sending`
-    around each write and count it in `sent`; a write blocked through two consecutive checks
-    `limit_s` apart cancels `task` and sets `stalled`."""
-
-    __slots__ = ("_handle", "_limit_s", "_seen", "_task", "sending", "sent", "stalled")
-
-    def __init__(self, task: asyncio.Task[Any], limit_s: float) -> None:
-        self._task = task
-        self._limit_s = limit_s
-        self.sending = False
-        self.sent = 0
-        self.stalled = False
-        self._seen = -1  # no write is blocked at the first check
-        self._handle = asyncio.get_running_loop().call_later(limit_s, self._check)
-
-    def _check(self) -> None:
-        if self.sending and self.sent == self._seen:
-            self.stalled = True
-            self._task.cancel()
-            return
-        self._seen = self.sent
-        self._handle = asyncio.get_running_loop().call_later(self._limit_s, self._check)
-
-    def close(self) -> None:
-        self._handle.cancel()
 
 
 # Reading what comes back -------------------------------------------------------------------

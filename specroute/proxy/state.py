@@ -9,6 +9,7 @@ from specroute.policies import Policy, create
 from specroute.pool import Pool, UpstreamClient
 from specroute.proxy.admission import Admission
 from specroute.proxy.auth import Auth
+from specroute.proxy.bodies import BodyBudget
 from specroute.proxy.decisions import RecentDecisions
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.process import ProcessMonitor
@@ -17,7 +18,8 @@ __all__ = ["ProxyState"]
 
 
 class ProxyState:
-    """Config, the upstream client, the pool, the current policy, admission, auth, metrics."""
+    """Config, the upstream client, the pool, the current policy, admission, auth, the cap on
+    request bodies held at once, metrics."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -27,7 +29,11 @@ class ProxyState:
         # under (the relay binds it once per request).
         self.policy: Policy = create(config.policy)
         self.admission = Admission(self.pool, config.admission)
-        self.auth = Auth(config.api_keys, config.admin_key)
+        self.auth = Auth(config.api_keys, config.admin_key, config.class_keys)
+        limits = config.limits
+        self.bodies = BodyBudget(
+            limits.max_body_bytes_in_flight, limits.body_wait_s, config.admission.retry_after_s
+        )
         self.metrics = ProxyMetrics()
         self.decisions = RecentDecisions()
         self.process = ProcessMonitor()
