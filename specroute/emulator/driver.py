@@ -186,10 +186,12 @@ class Driver:
             # Behind schedule: do not sleep, but let the handlers run.
             await asyncio.sleep(delay if delay > 0 else 0)
             now = time.perf_counter()
-            generated = self._deliver(it.emissions, now)
+            generated = self._deliver(it.emissions, now, engine.clock - it.duration)
             self.stats.observe_iteration(it, engine, generated, now)
 
-    def _deliver(self, emissions: list[Emission], now: float) -> int:
+    def _deliver(self, emissions: list[Emission], now: float, started: float) -> int:
+        """Hand out one iteration's tokens; `started` is its engine clock (when the requests it
+        admitted left the queue)."""
         jobs = self.jobs
         stats = self.stats
         generated = 0
@@ -202,6 +204,7 @@ class Driver:
             if job.record:
                 if job.first_token_at is None:
                     stats.observe_first_token(now - job.created, job.stream)
+                    stats.observe_queue_time((started - emission.seq.arrival) / self.time_scale)
                 else:
                     stats.observe_inter_token(now - job.last_token_at, tokens)
             if job.first_token_at is None:

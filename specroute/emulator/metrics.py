@@ -33,6 +33,12 @@ THROUGHPUT_STALE_AFTER = 30.0
 
 TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 E2E_BUCKETS = (*TTFT_BUCKETS, 600, 1200, 1800, 2400)
+QUEUE_BUCKETS = (
+    0.0, 0.001, 0.005, 0.010, 0.050, 0.100, 0.200, 0.500, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40,
+    50, 60, 70, 80, 90, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1200, 1400, 1600,
+    1800, 2000, 2500, 3000,
+)  # fmt: skip
+"""SGLang's `sglang:queue_time_seconds` buckets (zero first: most requests never wait)."""
 ITL_BUCKETS = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
@@ -142,6 +148,10 @@ class Stats:
     # -- per request (driver loop and handlers) -------------------------------------------
     def observe_first_token(self, ttft: float, stream: bool) -> None:
         self._histogram("time_to_first_token_seconds", stream).observe(ttft)
+
+    def observe_queue_time(self, seconds: float) -> None:
+        """From entering the scheduler to joining its first batch, as SGLang's scheduler."""
+        self._histogram("queue_time_seconds", None).observe(seconds)
 
     def observe_inter_token(self, interval: float, tokens: int) -> None:
         """SGLang observes a chunk's interval once per token, each time divided by the count."""
@@ -353,4 +363,5 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...], bool]] = {  # help, buckets,
         E2E_BUCKETS,
         True,
     ),
+    "queue_time_seconds": ("Histogram of queueing time in seconds.", QUEUE_BUCKETS, False),
 }
