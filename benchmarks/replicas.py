@@ -5,11 +5,11 @@ spreads them), against one proxy carrying the same traffic.
     .venv/bin/python benchmarks/replicas.py --replicas 1 2 3 6 --time-scale 2 --duration-scale 0.25
     .venv/bin/python benchmarks/replicas.py --report results/replicas-<stamp>    # print again
 
-Per run: whole-trace aggregate tok/s; queue waits at the backends, from each request's backend
-and send/end times (a request that arrived at a backend already holding its
-`max_running_requests` waited there: over-admission if another backend had room at that
-moment, saturation if none had); the worst per-class acceptance error in any replica's
-`GET /pool` against the emulator's truth; and what the scrapes cost each replica. Saved under
+Per run: whole-trace aggregate tok/s; the requests that waited in a backend's queue, from the
+backends' own `sglang:queue_time_seconds` (this pool holds 64 and 118 requests, the trace at
+most 64 users: a router that knew every slot would make none wait, so each wait is one
+over-admission); the worst per-class acceptance error in any replica's `GET /pool` against the
+emulator's truth; and what the scrapes cost each replica. Saved under
 results/replicas-<stamp>/ (records, each replica's /pool, rows.json, table.md).
 """
 
@@ -38,13 +38,11 @@ from specroute.bench.workload import ApiSettings, Workload, load_prompts
 from specroute.children import free_port, spawn, stop_async, wait_ready
 from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import get_profile, sampling_class
+from specroute.prometheus import read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
 DEPTHS = (1, 2, 3)
-SETTLE_S = 0.005
-"""A request that ended at most this long after another was sent did not overlap it there:
-the proxy frees a backend before the client reads the stream's end."""
 
 
 class SplitLoad(Load):
@@ -67,22 +65,19 @@ class SplitLoad(Load):
         return record
 
 
-def queue_waits(
-    records: Sequence[RequestRecord], capacity: dict[str, int], settle_s: float = SETTLE_S
-) -> dict[str, int]:
-    """Requests that found their backend full on arrival, by cause: `over_admission` (another
-    backend had a free slot then), `saturation` (every backend was full)."""
-    spans = [(r.sent, r.finished, r.backend) for r in records if r.backend in capacity]
-    counts = {"over_admission": 0, "saturation": 0, "requests": len(spans)}
-    for sent, _, backend in spans:
-        there = dict.fromkeys(capacity, 0)
-        for other_sent, other_end, name in spans:
-            if other_sent < sent < other_end - settle_s:
-                there[name] += 1
-        if there[backend] >= capacity[backend]:
-            room = any(there[n] < capacity[n] for n in capacity if n != backend)
-            counts["over_admission" if room else "saturation"] += 1
-    return counts
+def queue_waits(text: str) -> dict[str, float]:
+    """One backend's queue waits from its `sglang:queue_time_seconds` histogram: requests
+    admitted, those that waited at all (past the zero bucket), and the seconds they waited."""
+    found = {"requests": 0.0, "waited": 0.0, "wait_s": 0.0}
+    for sample in read_samples(text) or []:
+        if sample.name == "sglang:queue_time_seconds_count":
+            found["requests"] += sample.value
+            found["waited"] += sample.value
+        elif sample.name == "sglang:queue_time_seconds_bucket" and sample.labels["le"] == "0.0":
+            found["waited"] -= sample.value
+        elif sample.name == "sglang:queue_time_seconds_sum":
+            found["wait_s"] += sample.value
+    return found
 
 
 def acceptance_errors(pool: dict[str, Any], profile: str) -> dict[str, float]:
@@ -147,6 +142,8 @@ async def _trace(
             started = time.perf_counter()
             done = await closed_loop(load, phase.concurrency)
             wall = time.perf_counter() - started
+            for record in done:  # counted already; not worth their bytes on disk
+                record.chunk_times, record.chunk_tokens = [], []
             tokens = sum(r.completion_tokens for r in done if r.error is None)
             errors = sum(1 for r in done if r.error is not None)
             phases.append({"phase": phase.name, "tokens": tokens, "wall_s": wall, "errors": errors})
@@ -181,10 +178,11 @@ async def one_run(
                 model = (await client.get(urls[0] + "/v1/models")).json()["data"][0]["id"]
                 records, phases = await _trace(urls, model, args)
                 pools = [(await client.get(u + "/pool")).json() for u in urls]
+                texts = [(await client.get(b + "/metrics")).text for b in backends]
         finally:
             for proc in procs:
                 await stop_async(proc)
-    capacity = {b["name"]: b["capacity"] for b in pools[0]["backends"]}
+    waits = [queue_waits(t) for t in texts]
     (out / f"{tag}.records.json").write_bytes(msgspec.json.encode(records))
     (out / f"{tag}.pools.json").write_text(json.dumps(pools, indent=1))
     errors = [acceptance_errors(p, profile) for p in pools]
@@ -195,7 +193,7 @@ async def one_run(
         "agg_tok_s": sum(p["tokens"] for p in phases) / sum(p["wall_s"] for p in phases),
         "phases": phases,
         "errors": sum(p["errors"] for p in phases),
-        "waits": queue_waits(records, capacity),
+        "waits": {k: sum(w[k] for w in waits) for k in waits[0]},
         "worst_acceptance_error": max((abs(v) for e in errors for v in e.values()), default=0.0),
         "acceptance": errors,
         "scrapes_per_s": sum(s["per_s"] for s in scrapes) / len(scrapes),
@@ -206,9 +204,9 @@ async def one_run(
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| profile | replicas | whole trace agg tok/s | vs 1 replica | over-admission waits "
-        "| saturation waits | requests | worst acceptance error | scrapes/s per replica "
-        "| us per scrape | load average (start, end) |",
+        "| profile | replicas | whole trace agg tok/s | vs 1 replica | requests | queued at a "
+        "backend (over-admission) | seconds queued | worst acceptance error | scrapes/s per "
+        "replica | us per scrape | load average (start, end) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     single = {r["profile"]: r["agg_tok_s"] for r in rows if r["replicas"] == 1}
@@ -218,7 +216,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         w = r["waits"]
         lines.append(
             f"| {r['profile']} | {r['replicas']} | {r['agg_tok_s']:.0f} | {vs} | "
-            f"{w['over_admission']} | {w['saturation']} | {w['requests']} | "
+            f"{w['requests']:.0f} | {w['waited']:.0f} | {w['wait_s']:.1f} | "
             f"{r['worst_acceptance_error']:.1%} | {r['scrapes_per_s']:.1f} | "
             f"{r['parse_us_each']:.0f} | {r['load_average'][0]}, {r['load_average'][1]} |"
         )

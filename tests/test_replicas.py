@@ -1,6 +1,7 @@
 """Several proxies over one pool: two replicas that know each other never admit, together,
 more than a backend's capacity in a burst (each takes its share of the slots and holds the
-rest), and the N-replica harness counts queue waits by their cause."""
+rest), and a backend counts the requests that waited for one of its slots (SGLang's
+`sglang:queue_time_seconds`, which the N-replica harness reads)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import httpx
 import pytest
 from servers import free_port, run_server, start_emulator
 
-from specroute.bench.client import RequestRecord
 from specroute.prometheus import sglang_values
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -42,26 +42,19 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return importlib.import_module("replicas")
 
 
-def _record(sent: float, finished: float, backend: str) -> RequestRecord:
-    return RequestRecord(index=0, scheduled=sent, sent=sent, finished=finished, backend=backend)
+def test_a_backend_counts_the_requests_that_waited_for_a_slot(harness: ModuleType) -> None:
+    one_slot = ("--max-running-requests", "1", "--time-scale", "0.5", "--model-name", "m")
+    with start_emulator(1, *one_slot) as backend:
 
+        async def two_at_once() -> str:
+            async with httpx.AsyncClient(timeout=60.0) as client:
+                await asyncio.gather(*(_stream(client, backend.url) for _ in range(2)))
+                return (await client.get(backend.url + "/metrics")).text
 
-def test_queue_waits_are_told_apart_by_whether_another_backend_had_room(
-    harness: ModuleType,
-) -> None:
-    capacity = {"a": 1, "b": 1}
-    records = [
-        _record(0.0, 10.0, "a"),
-        _record(1.0, 5.0, "a"),  # a is full, b is empty: the split's fault
-        _record(2.0, 8.0, "b"),
-        _record(3.0, 9.0, "b"),  # both full: saturation
-        _record(10.001, 12.0, "a"),  # the first one ended a moment before: no wait
-    ]
-    assert harness.queue_waits(records, capacity) == {
-        "over_admission": 1,
-        "saturation": 1,
-        "requests": 5,
-    }
+        waits = harness.queue_waits(asyncio.run(two_at_once()))
+    assert waits["requests"] == 2
+    assert waits["waited"] == 1  # the second waited for the first to end
+    assert waits["wait_s"] > 0.1
 
 
 async def _stream(client: httpx.AsyncClient, url: str) -> int:
