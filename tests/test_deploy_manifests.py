@@ -99,6 +99,7 @@ def test_kustomization_renders_every_part(rendered: dict[tuple[str, str], Any]) 
         ("Deployment", "specroute"),
         ("Service", "specroute"),
         ("HorizontalPodAutoscaler", "specroute"),
+        ("Service", "specroute-replicas"),
         ("Service", "sglang"),
         ("Deployment", "sglang-steps1"),
         ("Deployment", "sglang-steps2"),
@@ -106,6 +107,18 @@ def test_kustomization_renders_every_part(rendered: dict[tuple[str, str], Any]) 
     }
     for doc in rendered.values():
         assert doc["metadata"]["labels"]["app.kubernetes.io/part-of"] == "specroute"
+
+
+def test_proxy_replicas_find_each_other_through_a_headless_service_over_their_pods(
+    rendered: dict[tuple[str, str], Any], tmp_path: Path
+) -> None:
+    (url,) = _proxy_config(rendered, tmp_path).replicas.peers
+    host, port = url.removeprefix("http://").split(":")
+    service = rendered[("Service", host)]["spec"]
+    proxy = rendered[("Deployment", "specroute")]
+    assert service["clusterIP"] == "None"  # one address per pod, not one virtual IP
+    assert service["selector"] == proxy["spec"]["template"]["metadata"]["labels"]
+    assert int(port) == _port(_container(proxy), "http")
 
 
 def test_proxy_config_ports_and_probes_agree(rendered: dict[Any, Any], tmp_path: Path) -> None:
@@ -285,7 +298,6 @@ def test_depth_follows_load_adds_depth_0_the_planner_and_a_scaler_per_depth(
     assert added == {
         ("Deployment", "sglang-steps0"),
         ("Deployment", "specroute-planner"),
-        ("Service", "specroute-replicas"),
         *(("ScaledObject", f"sglang-steps{k}") for k in range(4)),
     }
 
