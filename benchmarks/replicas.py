@@ -100,7 +100,7 @@ def _config(
         f"port = {port}", f'policy = "{args.policy}"', 'log_level = "warning"',
         "[health]", "interval_s = 0.5", "metrics_interval_s = 1.0", "discovery_interval_s = 5.0",
         "[replicas]", f"peers = {json.dumps(peers)}", "read_every_s = 1.0", "resolve_every_s = 5.0",
-        f"scrape_min_interval_s = {args.scrape_min_s}",
+        f"scrape_min_interval_s = {args.scrape_min_s}", f'split = "{args.split}"',
     ]  # fmt: skip
     lines += [f'[[backends]]\nurl = "{u}"\nname = "b{i}"' for i, u in enumerate(urls)]
     path.write_text("\n".join(lines) + "\n")
@@ -231,6 +231,7 @@ async def main() -> None:
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--duration-scale", type=float, default=0.25)
     parser.add_argument("--scrape-min-s", type=float, default=0.25)
+    parser.add_argument("--split", choices=["capacity", "room"], default="capacity")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", help="results directory (default results/replicas-<stamp>)")
     parser.add_argument("--report", metavar="DIR", help="only print the table of a saved run")
