@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import os
@@ -24,7 +25,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,31 @@ async def _trace(
     return records, phases
 
 
+@contextlib.asynccontextmanager
+async def _proxies(
+    out: Path, tag: str, backends: list[str], replicas: int, args: argparse.Namespace
+) -> AsyncIterator[list[str]]:
+    """`replicas` proxies over `backends`, each listing all of them as peers (none when
+    alone), ready; their urls."""
+    ports = [free_port() for _ in range(replicas)]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    procs = []
+    try:
+        for i, port in enumerate(ports):
+            config = out / f"{tag}__proxy{i}.toml"
+            _config(config, port, backends, urls if replicas > 1 else [], args)
+            procs.append(spawn(
+                [sys.executable, "-m", "specroute", "serve", "--config", str(config)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))  # fmt: skip
+        for url, proc in zip(urls, procs, strict=True):
+            await wait_ready(url + "/ready", process=proc, poll_s=0.2, name="a proxy")
+        yield urls
+    finally:
+        for proc in procs:
+            await stop_async(proc)
+
+
 async def one_run(
     out: Path, profile: str, replicas: int, args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -159,37 +185,31 @@ async def one_run(
     load_before = os.getloadavg()[0]
     async with emulated_fleet(DEPTHS, profile=profile, extra_args=extra) as servers:
         backends = [s.url for s in servers]
-        ports = [free_port() for _ in range(replicas)]
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
-        peers = urls if replicas > 1 else []
-        procs = []
-        try:
-            for i, port in enumerate(ports):
-                config = out / f"{tag}__proxy{i}.toml"
-                _config(config, port, backends, peers, args)
-                procs.append(spawn(
-                    [sys.executable, "-m", "specroute", "serve", "--config", str(config)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                ))  # fmt: skip
-            for url, proc in zip(urls, procs, strict=True):
-                await wait_ready(url + "/ready", process=proc, poll_s=0.2, name="a proxy")
-            async with httpx.AsyncClient(timeout=10.0) as client:
-                await _settled(client, urls, replicas)
-                model = (await client.get(urls[0] + "/v1/models")).json()["data"][0]["id"]
-                records, phases = await _trace(urls, model, args)
-                pools = [(await client.get(u + "/pool")).json() for u in urls]
-                texts = [(await client.get(b + "/metrics")).text for b in backends]
-        finally:
-            for proc in procs:
-                await stop_async(proc)
-    waits = [queue_waits(t) for t in texts]
+        async with (
+            _proxies(out, tag, backends, replicas, args) as urls,
+            httpx.AsyncClient(timeout=10.0) as client,
+        ):
+            await _settled(client, urls, replicas)
+            model = (await client.get(urls[0] + "/v1/models")).json()["data"][0]["id"]
+            records, phases = await _trace(urls, model, args)
+            pools = [(await client.get(u + "/pool")).json() for u in urls]
+            texts = [(await client.get(b + "/metrics")).text for b in backends]
     (out / f"{tag}.records.json").write_bytes(msgspec.json.encode(records))
     (out / f"{tag}.pools.json").write_text(json.dumps(pools, indent=1))
+    row = _row(profile, phases, pools, [queue_waits(t) for t in texts])
+    row.update(
+        replicas=replicas, load_average=[round(load_before, 2), round(os.getloadavg()[0], 2)]
+    )
+    return row
+
+
+def _row(
+    profile: str, phases: list[dict[str, Any]], pools: list[Any], waits: list[dict[str, float]]
+) -> dict[str, Any]:
     errors = [acceptance_errors(p, profile) for p in pools]
     scrapes = [p["replicas"]["scrapes"] for p in pools]
     return {
         "profile": profile,
-        "replicas": replicas,
         "agg_tok_s": sum(p["tokens"] for p in phases) / sum(p["wall_s"] for p in phases),
         "phases": phases,
         "errors": sum(p["errors"] for p in phases),
@@ -198,7 +218,6 @@ async def one_run(
         "acceptance": errors,
         "scrapes_per_s": sum(s["per_s"] for s in scrapes) / len(scrapes),
         "parse_us_each": sum(s["parse_us_each"] for s in scrapes) / len(scrapes),
-        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
 
 
