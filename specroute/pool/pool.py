@@ -17,6 +17,7 @@ from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
 from specroute.pool.client import UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import DnsDiscovery, static_entries
+from specroute.pool.holds import Holds
 from specroute.pool.estimators import IterationTimeModel
 from specroute.pool.promtext import parse_metrics
 from specroute.pool.telemetry import Telemetry
@@ -87,6 +88,8 @@ class Pool:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._dns = DnsDiscovery(config.backends, self)
+        self.holds = Holds()
+        """Backends the launcher's actuator is draining or restarting: offered to no policy."""
 
     # Lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -129,7 +132,7 @@ class Pool:
     def candidates(self, model: str | None, exclude: Iterable[str] = ()) -> list[Backend]:
         """Backends this request may go to right now."""
         now = time.monotonic()
-        skip = set(exclude)
+        skip = set(self.holds.excluding(exclude))
         return [
             b
             for b in self.backends

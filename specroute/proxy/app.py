@@ -31,6 +31,7 @@ from specroute.proxy.auth import ADMIN, PUBLIC, access_of
 from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
 from specroute.proxy.openapi import openapi_config, relay_docs
+from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
 from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
 from specroute.proxy.state import ProxyState
 
@@ -198,6 +199,8 @@ class ProxyApp:
 def create_app(config: Config) -> ProxyApp:
     """Build the proxy for `config`; serve the result with any ASGI server."""
     state = ProxyState(config)
+    board = PlanBoard()
+    state.metrics.registry.register(PlanGauges(board))
     dashboard = Dashboard(state)
 
     @asynccontextmanager
@@ -209,7 +212,12 @@ def create_app(config: Config) -> ProxyApp:
             await state.stop()
 
     framework = Litestar(
-        route_handlers=[*_handlers(state), *dashboard.handlers(), *relay_docs()],
+        route_handlers=[
+            *_handlers(state),
+            *plan_handlers(state, board),
+            *dashboard.handlers(),
+            *relay_docs(),
+        ],
         guards=[_guard(state)],
         lifespan=[lifespan, dashboard.lifespan],
         exception_handlers={
