@@ -44,6 +44,7 @@ class Backend:
         self.needs_discovery = True
         self._ok_streak = 0
         self._fail_streak = 0
+        self.probe_error: str | None = None  # why its last /ready check failed, for logs and 503s
         self.in_flight = 0
         self._load_area = 0.0  # integral of in_flight over time, for mean batch sizes
         self._load_since = time.monotonic()

@@ -17,10 +17,10 @@ from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
 from specroute.pool.client import UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import DnsDiscovery, static_entries
-from specroute.pool.holds import Holds
 from specroute.pool.estimators import IterationTimeModel
 from specroute.pool.promtext import parse_metrics
 from specroute.pool.telemetry import Telemetry
+from specroute.pool.unready import probe_failure, status_failure
 
 __all__ = ["Lease", "Pool"]
 
@@ -88,8 +88,6 @@ class Pool:
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._dns = DnsDiscovery(config.backends, self)
-        self.holds = Holds()
-        """Backends the launcher's actuator is draining or restarting: offered to no policy."""
 
     # Lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,7 +130,7 @@ class Pool:
     def candidates(self, model: str | None, exclude: Iterable[str] = ()) -> list[Backend]:
         """Backends this request may go to right now."""
         now = time.monotonic()
-        skip = set(self.holds.excluding(exclude))
+        skip = set(exclude)
         return [
             b
             for b in self.backends
@@ -212,6 +210,9 @@ class Pool:
             await self._probe(backend)
         if backend.reachable:
             await self._discover(backend)
+        else:  # never up, so never "down": say so once, with why
+            reason = backend.probe_error or "not ready yet"
+            log.warning("backend_down", backend=backend.name, url=backend.url, reason=reason)
 
     async def _watch(self, backend: Backend) -> None:
         health = self._config.health
@@ -242,12 +243,17 @@ class Pool:
         try:
             status, _ = await self._get(backend, "/ready")
             ok = status == 200
-        except UpstreamFailure:
+            backend.probe_error = None if ok else status_failure(status)
+        except UpstreamFailure as exc:
             ok = False
+            backend.probe_error = probe_failure(exc, self._config.health.timeout_s)
         flip = backend.on_probe(ok)
+        if flip == "up":
+            log.info("backend_up", backend=backend.name, url=backend.url)
+        elif flip == "down":
+            reason = backend.probe_error
+            log.warning("backend_down", backend=backend.name, url=backend.url, reason=reason)
         if flip is not None:
-            event = "backend_up" if flip == "up" else "backend_down"
-            log.info(event, backend=backend.name, url=backend.url)
             self.notify()
 
     async def _discover(self, backend: Backend) -> None:

@@ -10,6 +10,7 @@ from specroute.config import AdmissionConfig
 from specroute.errors import NoHealthyBackendError, QueueFullError, QueueTimeoutError
 from specroute.policies import Decision, Policy, RouteRequest
 from specroute.pool import Backend, Lease, Pool
+from specroute.proxy.unavailable import unavailable
 
 __all__ = ["Admission"]
 
@@ -48,7 +49,7 @@ class Admission:
     async def _wait(self, model: str | None, tried: Collection[str]) -> list[Backend]:
         retry_after = self._config.retry_after_s
         if not self._pool.healthy(model):
-            raise NoHealthyBackendError("no healthy backend", retry_after=retry_after)
+            raise self._no_healthy(model, tried)
         if self.waiting >= self._config.queue_size:
             raise QueueFullError(
                 "every backend is at its limit and the wait queue is full",
@@ -61,13 +62,23 @@ class Admission:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise QueueTimeoutError(
-                        "timed out waiting for a free backend", retry_after=retry_after
+                        "timed out waiting for a free backend; "
+                        + unavailable(self._pool, model, tried),
+                        retry_after=retry_after,
                     )
                 await self._pool.wait_changed(min(remaining, _RECHECK_S))
                 candidates = self._candidates(model, tried)
                 if candidates:
                     return candidates
                 if not self._pool.healthy(model):
-                    raise NoHealthyBackendError("no healthy backend", retry_after=retry_after)
+                    raise self._no_healthy(model, tried)
         finally:
             self.waiting -= 1
+
+    def _no_healthy(self, model: str | None, tried: Collection[str]) -> NoHealthyBackendError:
+        """The 503 that says, for each backend, why it could not take this request."""
+        served = f" for model {model!r}" if model is not None else ""
+        reasons = unavailable(self._pool, model, tried)
+        return NoHealthyBackendError(
+            f"no healthy backend{served}: {reasons}", retry_after=self._config.retry_after_s
+        )

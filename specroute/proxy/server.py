@@ -34,6 +34,24 @@ class _Server(uvicorn.Server):
         self._app = app
         self._grace_s = grace_s
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)  # runs the lifespan (the pool's first look), then binds
+        if self.started:
+            self._listening()
+
+    def _listening(self) -> None:
+        """The one line that says where the proxy serves, with what, in front of what."""
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
+        state = self._app.state
+        log.info(
+            "proxy_listening",
+            host=host,
+            port=port,
+            policy=state.config.policy,
+            backends={b.name: b.url for b in state.pool.backends},
+            healthy=sorted(b.name for b in state.pool.backends if b.healthy),
+        )
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         log.info("shutdown_started", grace_s=self._grace_s)
         drain = asyncio.create_task(self._app.drain(self._grace_s))

@@ -11,6 +11,7 @@ from specroute.proxy.admission import Admission
 from specroute.proxy.auth import Auth
 from specroute.proxy.bodies import BodyBudget
 from specroute.proxy.decisions import RecentDecisions
+from specroute.proxy.depths import DepthWatch
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.process import ProcessMonitor
 
@@ -37,14 +38,17 @@ class ProxyState:
         self.metrics = ProxyMetrics()
         self.decisions = RecentDecisions()
         self.process = ProcessMonitor()
+        self.depths = DepthWatch(self.pool, config.health.interval_s)
         self.metrics.registry.register(ProxyGauges(self))
         self.started = time.time()  # wall clock only for `created` in /v1/models
 
     async def start(self) -> None:
         await self.pool.start()
         self.process.start()
+        self.depths.start(lambda: self.policy)
 
     async def stop(self) -> None:
+        await self.depths.stop()
         await self.process.stop()
         await self.pool.stop()
         await self.client.aclose()
