@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from specroute.children import stop
+from specroute.children import spawn, stop
 
 
 def _parent_of(pid: int) -> int | None:
@@ -59,13 +58,12 @@ class Terminal:
     def __init__(self, args: Sequence[str], tmp_path: Path) -> None:
         self.out_path, self.err_path = tmp_path / "stdout", tmp_path / "stderr"
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
-            self.process = subprocess.Popen(
+            self.process = spawn(
                 [sys.executable, "-m", "specroute", *args],
-                stdin=subprocess.DEVNULL,
+                env={"PYTHONUNBUFFERED": "1"},
                 stdout=out,
                 stderr=err,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
+                new_session=True,
             )
 
     @property
