@@ -4,6 +4,7 @@ server restarts with."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import json
@@ -18,12 +19,15 @@ import pytest
 from emulator_support import parse_metrics
 
 from specroute.children import free_port
+from specroute.cli import build_parser
 from specroute.launch.actuator import Actuator, Mode
+from specroute.launch.advisor import Advisor
 from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
 from specroute.launch.launcher import Launcher, LaunchSettings
-from specroute.launch.plan import LaunchOptions, build_plan
+from specroute.launch.plan import LaunchOptions, PlanError, build_plan
 from specroute.launch.readings import Traffic, estimates
 from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
+from specroute.launch.reconfigure_flags import reconfigure_options, with_admin_key
 from specroute.launch.restarts import ServerRestarts
 from specroute.planner import Change, Forecast, Plan, Regime, Setting
 
@@ -317,3 +321,54 @@ def test_a_restart_that_comes_up_is_readmitted_at_its_new_depth(tmp_path: Path) 
     assert _steps_of(seen["pool"], busy) == 3  # rediscovered before readmission
     assert seen["plan"]["history"][0]["after"] == "k3"
     _stream_intact(seen["events"])
+
+
+# The flags and the Kubernetes planner ---------------------------------------------------
+
+
+def _launch_args(*extra: str) -> argparse.Namespace:
+    return build_parser().parse_args(["launch", "--emulate", "--steps", "1,2", *extra])
+
+
+def test_reconfigure_defaults_to_advise_and_reads_its_options() -> None:
+    assert reconfigure_options(_launch_args()).mode == "advise"
+    options = reconfigure_options(_launch_args(
+        "--reconfigure", "auto", "--allowed-steps", "3,0,1", "--min-dwell", "60",
+        "--max-unavailable", "2", "--drain", "5", "--planner-option", "settle_s=30",
+    ))  # fmt: skip
+    assert options.allowed_steps == (0, 1, 3)
+    planner = options.planner_options()
+    assert (planner.max_steps, planner.min_dwell_s, planner.max_unavailable) == (3, 60.0, 2)
+    assert (planner.drain_s, planner.settle_s) == (5.0, 30.0)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [("--planner-option", "bogus=1"), ("--planner-option", "settle_s"),
+     ("--max-unavailable", "0"), ("--allowed-steps", "1,x")],
+)  # fmt: skip
+def test_a_bad_reconfigure_option_is_refused_before_anything_starts(extra: tuple[str, str]) -> None:
+    with pytest.raises(PlanError):
+        reconfigure_options(_launch_args(*extra))
+
+
+def test_the_loop_gets_an_admin_key_the_proxy_is_given_hidden() -> None:
+    plan = build_plan(LaunchOptions(model="m", steps=(1,), emulate=True))
+    keyed, key = with_admin_key(plan, None)
+    assert keyed.proxy.env["SPECROUTE_ADMIN_KEY"] == key
+    assert key not in keyed.proxy.shell()
+    assert with_admin_key(plan, "mine") == (plan, "mine")
+
+
+def test_the_kubernetes_planner_follows_the_pools_healthy_backends() -> None:
+    advisor = Advisor(ReconfigureOptions(), ProxyLink("http://127.0.0.1:9", "k"), startup_s=600)
+    backends = [
+        {"name": "a", "steps": 1, "healthy": True},
+        {"name": "b", "steps": 3, "healthy": True},
+        {"name": "c", "steps": None, "healthy": True},  # not discovered yet
+        {"name": "d", "steps": 2, "healthy": False},  # starting or leaving
+    ]
+    advisor.follow({"backends": backends})
+    assert {n: s.setting for n, s in advisor.actuator.slots.items()} == {"a": K1, "b": K3}
+    assert advisor.actuator.slots["a"].startup_s == 600
+    assert advisor.actuator.admit(plan_moving("a", K1, K3)) == []  # advise: it moves nothing
