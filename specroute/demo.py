@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import httpx
 import msgspec
 
-from specroute.children import spawn, stop_async, wait_exit, wait_ready
+from specroute.children import ChildFailed, spawn, stop_async, wait_exit, wait_ready
 from specroute.emulator.fleet import EmulatedServer, emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.logs import configure_logging
@@ -230,6 +230,9 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("\nStopped the proxy and the emulated servers.")
         return 0
+    except ChildFailed as exc:  # the child said why on stderr already (a bad SPECROUTE_* ...)
+        print(f"specroute demo: {exc}; stopped everything it started", file=sys.stderr)
+        return 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -91,3 +91,27 @@ def test_demo_says_which_child_died_and_exits_1(
         assert not still_running(children)
     finally:
         terminal.close(children)
+
+
+@pytest.mark.timeout(90)
+def test_demo_whose_proxy_refuses_its_settings_says_why_without_a_traceback() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specroute",
+            "demo",
+            "--exit-after-traffic",
+            "--port",
+            str(free_port()),
+        ],
+        env={**os.environ, "SPECROUTE_POLICYY": "round_robin"},
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "SPECROUTE_POLICYY is not a setting; did you mean SPECROUTE_POLICY?" in done.stderr
+    assert "specroute demo: the proxy exited with status 2" in done.stderr
+    assert "Traceback" not in done.stderr
