@@ -178,6 +178,7 @@ class Driver:
                 await self._wake.wait()
                 deadline = time.perf_counter()
                 continue
+            begun = engine.clock  # when the requests this iteration admits leave the queue
             it = engine.step()
             if it is None:
                 continue
@@ -186,7 +187,7 @@ class Driver:
             # Behind schedule: do not sleep, but let the handlers run.
             await asyncio.sleep(delay if delay > 0 else 0)
             now = time.perf_counter()
-            generated = self._deliver(it.emissions, now, engine.clock - it.duration)
+            generated = self._deliver(it.emissions, now, begun)
             self.stats.observe_iteration(it, engine, generated, now)
 
     def _deliver(self, emissions: list[Emission], now: float, started: float) -> int:
