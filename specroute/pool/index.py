@@ -46,6 +46,7 @@ class RoutingIndex:
         self._backends: dict[str, Backend] = {}
         self._positions: dict[str, int] = {}
         self._marks: dict[str, LoadMark] = {}
+        self._offsets: dict[str, int] = {}  # where each backend's slot split starts
         self.share = Share()
         self.stale_after_s = max(replicas.scrape_stale_s, 2 * config.health.metrics_interval_s)
         self.lag_s = replicas.gauge_lag_s
@@ -83,7 +84,8 @@ class RoutingIndex:
         if old is None or not backend.reachable:
             self.touch(backend, now)
             return
-        view = msgspec.structs.replace(old, in_flight=own, **self._load_fields(backend, mark, now))
+        combined, room = self._load(backend, mark, now)
+        view = msgspec.structs.replace(old, in_flight=own, combined=combined, headroom=room)
         self.groups.put(view, self._positions[name])
 
     def scraped(self, backend: Backend, metrics: BackendMetrics, now: float) -> None:
@@ -128,7 +130,8 @@ class RoutingIndex:
         steps = backend.steps
         model = None if steps is None else self._telemetry.iteration_model(backend.name, steps)
         base = backend.view(model)
-        extra = self._load_fields(backend, self._mark(backend.name), now)
+        combined, room = self._load(backend, self._mark(backend.name), now)
+        extra: dict[str, object] = {"combined": combined, "headroom": room}
         if model is not None and self.share.replicas > 1:
             mine = IterationWire(
                 backend=backend.name, steps=steps or 0, intercept_s=model.intercept,
@@ -139,16 +142,17 @@ class RoutingIndex:
             extra.update(iteration_intercept_s=a, iteration_per_token_s=s, iteration_samples=n)
         return msgspec.structs.replace(base, **extra)
 
-    def _load_fields(self, backend: Backend, mark: LoadMark, now: float) -> dict[str, object]:
-        own = backend.in_flight
-        return {
-            "combined": mark.combined(own, now, self.stale_after_s),
-            "headroom": headroom(
-                mark, own, backend.capacity, self.share, now=now,
-                stale_after_s=self.stale_after_s, offset=_offset(backend.name),
-                split=self.split,
-            ),
-        }  # fmt: skip
+    def _load(self, backend: Backend, mark: LoadMark, now: float) -> tuple[int | None, int | None]:
+        """(combined, headroom) of one backend now."""
+        own, name = backend.in_flight, backend.name
+        offset = self._offsets.get(name)
+        if offset is None:
+            offset = self._offsets[name] = zlib.crc32(name.encode())  # the same on every replica
+        room = headroom(
+            mark, own, backend.capacity, self.share, now=now,
+            stale_after_s=self.stale_after_s, offset=offset, split=self.split,
+        )  # fmt: skip
+        return mark.combined(own, now, self.stale_after_s), room
 
     def view_of(self, name: str) -> BackendView | None:
         return self.groups.get(name)
@@ -201,8 +205,3 @@ class RoutingIndex:
 
     def members(self) -> Iterable[BackendView]:
         return self.groups.ordered()
-
-
-def _offset(name: str) -> int:
-    """Where a backend's slot split starts among the replicas: the same on every replica."""
-    return zlib.crc32(name.encode())
