@@ -1,0 +1,86 @@
+"""The dashboard's Depth plan panel in a real headless browser: a plan published as the
+launcher's depth loop publishes it shows its verdict and reason, each server's state (one
+draining, one falling back) and the history of changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+from servers import Server, run_server
+
+from specroute.launch.actuator import Actuator
+from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.planner import Change, Forecast, Plan, Regime, Setting
+
+CHROMIUM = Path("/usr/bin/chromium")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian's chromium (make browser installs it)"
+)
+playwright = pytest.importorskip("playwright.sync_api")
+
+K1, K2, K3 = Setting(steps=1), Setting(steps=2), Setting(steps=3)
+
+
+async def _no_restart(name: str, setting: Setting) -> str | None:
+    return "not in this test"
+
+
+def _document() -> dict[str, object]:
+    """What the loop publishes mid-run: a finished change, one draining, one falling back."""
+    clock = [0.0]
+    act = Actuator("auto", [("steps1", K1, 30.0), ("steps2", K2, 30.0), ("steps3", K3, 30.0)],
+                   clock=lambda: clock[0])  # fmt: skip
+    regime = Regime(concurrency=2.0, shares={"m:greedy": 1.0}, started_at=0.0, elapsed_s=300.0,
+                    expected_remaining_s=1800.0, regimes_seen=0, peak_concurrency=2.0,
+                    steady=True)  # fmt: skip
+    current = Forecast(settings=("k1", "k2", "k3"), tok_s=781.0, per_request_tok_s=390.0,
+                       queued=0, value=781.0, servers=())  # fmt: skip
+    moves = [Change(server=n, before=b, after=K3, cost_tokens=0.0)
+             for n, b in (("steps1", K1), ("steps2", K2))]  # fmt: skip
+    reason = "k1/k2/k3 781 -> k3/k3/k3 971 at 2.0 users"
+    plan = Plan(at=0.0, verdict="reconfigure", reason=reason, regime=regime, current=current,
+                changes=tuple(moves), start=tuple(moves))  # fmt: skip
+    act.admit(plan)
+    act.drained("steps2")
+    act.failed("steps2", "steps2 exited with status -9")
+    clock[0] = 40.0
+    act.ready("steps2")  # fell back
+    loop = Reconfigurer(ReconfigureOptions(mode="auto"), ProxyLink("http://127.0.0.1:9", "k"),
+                        act, _no_restart, limit=lambda k: 48)  # fmt: skip
+    loop.plan = plan
+    return loop.document()
+
+
+def test_the_panel_shows_the_plan_each_servers_state_and_the_history(emulator: Server) -> None:
+    serve = ["serve", "--backend", f"steps1={emulator.url}", "--admin-key", "panel-admin"]
+    with run_server(serve) as proxy:
+        document = _document()
+        answer = httpx.put(proxy.url + "/plan", json=document,
+                           headers={"authorization": "Bearer panel-admin"})  # fmt: skip
+        assert answer.status_code == 200
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(proxy.url + "/dashboard")
+                page.wait_for_function(
+                    "document.getElementById('plan-verdict').textContent === 'reconfigure'"
+                )
+                reason = page.text_content("#plan-reason") or ""
+                mode = page.text_content("#plan-mode") or ""
+                rows = page.eval_on_selector_all(
+                    "#plan-servers tr", "rows => rows.map(r => r.innerText)"
+                )
+                history = page.text_content("#plan-history") or ""
+            finally:
+                browser.close()
+    assert "781 -> k3/k3/k3 971" in reason
+    assert mode.startswith("auto")
+    states = {row.split("\t")[0]: row for row in rows[1:]}
+    assert "draining" in states["steps1"]
+    assert "k3" in states["steps1"]  # moving to
+    assert "serving" in states["steps3"]
+    assert "fell_back" in history
+    assert "exited with status -9" in history
