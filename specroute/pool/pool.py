@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -17,9 +18,12 @@ from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
 from specroute.pool.client import UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import DnsDiscovery, static_entries
-from specroute.pool.estimators import IterationTimeModel
-from specroute.pool.promtext import parse_metrics
-from specroute.pool.telemetry import Telemetry
+from specroute.pool.holds import Holds
+from specroute.pool.index import RoutingIndex
+from specroute.pool.peers import Peers
+from specroute.pool.prior import prior_telemetry
+from specroute.pool.scraper import Scraper
+from specroute.pool.sharing import EstimatesWire, PeerTable, local_estimates
 from specroute.pool.unready import probe_failure, status_failure
 
 __all__ = ["Lease", "Pool"]
@@ -46,6 +50,7 @@ class Lease:
         self.backend = backend
         now = time.monotonic()
         backend.add_in_flight(1, now)
+        pool.index.moved(backend)
         backend.breaker.on_send()
         self.in_flight_at_start = backend.in_flight
         self._started = now
@@ -61,6 +66,7 @@ class Lease:
             if elapsed > 0:
                 self.mean_in_flight = (self.backend.load_area(now) - self._area_at_start) / elapsed
             self.backend.add_in_flight(-1, now)
+            self._pool.index.moved(self.backend)
             self._pool.notify()
 
     def observe(self, outcome: Outcome) -> None:
@@ -84,10 +90,18 @@ class Pool:
             for b in static_entries(config.backends)
         )
         self.by_name = {b.name: b for b in self.backends}
-        self.telemetry = Telemetry()
+        self.telemetry = prior_telemetry(config.prior.path)
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._dns = DnsDiscovery(config.backends, self)
+        self.holds = Holds()
+        """Backends the launcher's actuator is draining or restarting: offered to no policy."""
+        self.instance = secrets.token_hex(8)
+        """This process among the proxy's replicas: peers know it by this."""
+        table = PeerTable(self.instance, config.replicas.peer_stale_s)
+        self.index = RoutingIndex(config, self.telemetry, table)
+        self.scraper = Scraper(config, client, self.index, self.notify)
+        self.peers = Peers(config, client, table, self._peers_changed)
 
     # Lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,7 +110,11 @@ class Pool:
             for backend in self.backends:
                 group.create_task(self._first_look(backend))
         self._tasks = [asyncio.create_task(self._watch(b)) for b in self.backends]
+        for backend in self.backends:
+            self._follow(backend)
+        self.scraper.start()
         await self._dns.start()
+        await self.peers.start()
 
     async def add_backend(self, config: BackendConfig) -> None:
         """A backend found at run time (DNS discovery): look at it once, then watch it."""
@@ -106,18 +124,22 @@ class Pool:
         self.backends = (*self.backends, backend)
         self.by_name[backend.name] = backend
         self._tasks.append(asyncio.create_task(self._watch(backend), name=backend.name))
+        self._follow(backend)
         self.notify()
 
     def remove_backend(self, name: str) -> None:
         """Forget a backend that left (requests already on it finish through their lease)."""
         self.backends = tuple(b for b in self.backends if b.name != name)
         self.by_name.pop(name, None)
+        self.index.remove(name)
         for task in [t for t in self._tasks if t.get_name() == name]:
             task.cancel()
             self._tasks.remove(task)
         self.notify()
 
     async def stop(self) -> None:
+        await self.peers.stop()
+        await self.scraper.stop()
         await self._dns.stop()
         for task in self._tasks:
             task.cancel()
@@ -127,36 +149,32 @@ class Pool:
         self._tasks = []
 
     # Requests ----------------------------------------------------------------------------
-    def candidates(self, model: str | None, exclude: Iterable[str] = ()) -> list[Backend]:
-        """Backends this request may go to right now."""
-        now = time.monotonic()
-        skip = set(exclude)
-        return [
-            b
-            for b in self.backends
-            if b.name not in skip and b.available(now) and (model is None or _serves(b, model))
-        ]
-
     def healthy(self, model: str | None = None) -> list[Backend]:
         return [b for b in self.backends if b.healthy and (model is None or _serves(b, model))]
 
-    def view(self, backends: Iterable[Backend]) -> PoolView:
-        """What a policy sees: the candidates with their fitted iteration times, the class
-        estimates, and the load of every healthy backend."""
-        telemetry = self.telemetry
-        healthy = [b for b in self.backends if b.healthy]
-        capacities = [b.capacity for b in healthy]
-        return PoolView(
-            backends=tuple(b.view(self._iteration(b)) for b in backends),
-            classes=telemetry.classes(),
-            prior_alpha=telemetry.acceptance.prior_alpha,
-            in_flight_total=sum(b.in_flight for b in healthy),
-            capacity_total=None if None in capacities else sum(c or 0 for c in capacities),
-        )
+    def routing_view(self, model: str | None, exclude: Collection[str] = ()) -> PoolView | None:
+        """What a policy sees, from the live groups: only the members it reads are tested
+        (reachable, circuit, limit or replica share, model, not in `exclude`); None when no
+        backend may take the request now."""
+        now = time.monotonic()
+        candidates = self.index.candidates(model, self.holds.excluding(exclude), now)
+        if not candidates.any():
+            return None
+        return self.index.pool_view(candidates, self.index.classes(self.instance, now))
 
-    def _iteration(self, backend: Backend) -> IterationTimeModel | None:
-        steps = backend.steps
-        return None if steps is None else self.telemetry.iteration_model(backend.name, steps)
+    def local_estimates(self) -> EstimatesWire:
+        """What this replica learned itself, for its peers (`GET /pool/estimates`)."""
+        return local_estimates(self.telemetry, self.instance)
+
+    def _follow(self, backend: Backend) -> None:
+        self.index.touch(backend)
+        self.scraper.add(backend)
+
+    def _peers_changed(self) -> None:
+        """The blend or this replica's share of the room may have moved: views again."""
+        self.index.share = self.peers.table.share(time.monotonic())
+        self.index.touch_all()
+        self.notify()
 
     def observe(self, outcome: Outcome) -> None:
         """Feed one outcome into the estimators (acceptance, lengths, iteration time)."""
@@ -169,6 +187,7 @@ class Pool:
             scraped=backend.view().accept_length,
             acceptance=not backend.adaptive,
         )
+        self.index.touch(backend)
 
     def lease(self, backend: Backend) -> Lease:
         return Lease(self, backend)
@@ -217,7 +236,6 @@ class Pool:
     async def _watch(self, backend: Backend) -> None:
         health = self._config.health
         next_discovery = time.monotonic() + health.discovery_interval_s
-        next_scrape = 0.0
         while True:
             await asyncio.sleep(health.interval_s)
             try:
@@ -226,9 +244,6 @@ class Pool:
                 if backend.reachable and (backend.needs_discovery or now >= next_discovery):
                     await self._discover(backend)
                     next_discovery = now + health.discovery_interval_s
-                if backend.reachable and now >= next_scrape:
-                    await self._scrape(backend)
-                    next_scrape = now + health.metrics_interval_s
             except Exception:  # the watch must outlive any one bad reply; log and go on
                 log.exception("backend_watch_failed", backend=backend.name)
 
@@ -254,6 +269,7 @@ class Pool:
             reason = backend.probe_error
             log.warning("backend_down", backend=backend.name, url=backend.url, reason=reason)
         if flip is not None:
+            self.index.touch(backend)
             self.notify()
 
     async def _discover(self, backend: Backend) -> None:
@@ -267,6 +283,7 @@ class Pool:
         except (UpstreamFailure, msgspec.DecodeError) as exc:
             log.warning("discovery_failed", backend=backend.name, error=str(exc))
             return
+        self.index.touch(backend)
         log.info(
             "backend_discovered",
             backend=backend.name,
@@ -276,14 +293,6 @@ class Pool:
             adaptive=backend.adaptive,
             capacity=backend.capacity,
         )
-
-    async def _scrape(self, backend: Backend) -> None:
-        try:
-            status, body = await self._get(backend, "/metrics")
-        except UpstreamFailure:
-            return
-        if status == 200:
-            backend.metrics = parse_metrics(body.decode("utf-8", "replace"))
 
 
 def _serves(backend: Backend, model: str) -> bool:

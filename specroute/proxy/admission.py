@@ -8,8 +8,8 @@ from collections.abc import Collection
 
 from specroute.config import AdmissionConfig
 from specroute.errors import NoHealthyBackendError, QueueFullError, QueueTimeoutError
-from specroute.policies import Decision, Policy, RouteRequest
-from specroute.pool import Backend, Lease, Pool
+from specroute.policies import BackendView, Decision, Policy, PoolView, RouteRequest
+from specroute.pool import Lease, Pool
 from specroute.proxy.unavailable import unavailable
 
 __all__ = ["Admission"]
@@ -28,25 +28,25 @@ class Admission:
         self, request: RouteRequest, policy: Policy, tried: Collection[str] = ()
     ) -> tuple[Lease, Decision]:
         """A lease on the backend the policy chose, preferring backends not `tried` yet."""
-        candidates = self._candidates(request.model, tried)
-        if not candidates:
-            candidates = await self._wait(request.model, tried)
-        decision = policy.choose(request, self._pool.view(candidates))
-        backend = self._pool.by_name.get(decision.backend)
-        if backend is None or backend not in candidates:
-            backend = candidates[0]
+        view = self._candidates(request.model, tried)
+        if view is None:
+            view = await self._wait(request.model, tried)
+        decision = policy.choose(request, view)
+        chosen = _chosen(view, decision.backend)
+        if chosen is None:
+            chosen = view.backends[0]
             decision = Decision(
-                backend=backend.name, reason=f"policy chose {decision.backend!r}, unavailable"
+                backend=chosen.name, reason=f"policy chose {decision.backend!r}, unavailable"
             )
-        return self._pool.lease(backend), decision
+        return self._pool.lease(self._pool.by_name[chosen.name]), decision
 
-    def _candidates(self, model: str | None, tried: Collection[str]) -> list[Backend]:
-        candidates = self._pool.candidates(model, exclude=tried)
-        if not candidates and tried:
-            candidates = self._pool.candidates(model)
-        return candidates
+    def _candidates(self, model: str | None, tried: Collection[str]) -> PoolView | None:
+        view = self._pool.routing_view(model, exclude=tried)
+        if view is None and tried:
+            view = self._pool.routing_view(model)
+        return view
 
-    async def _wait(self, model: str | None, tried: Collection[str]) -> list[Backend]:
+    async def _wait(self, model: str | None, tried: Collection[str]) -> PoolView:
         retry_after = self._config.retry_after_s
         if not self._pool.healthy(model):
             raise self._no_healthy(model, tried)
@@ -67,9 +67,9 @@ class Admission:
                         retry_after=retry_after,
                     )
                 await self._pool.wait_changed(min(remaining, _RECHECK_S))
-                candidates = self._candidates(model, tried)
-                if candidates:
-                    return candidates
+                view = self._candidates(model, tried)
+                if view is not None:
+                    return view
                 if not self._pool.healthy(model):
                     raise self._no_healthy(model, tried)
         finally:
@@ -82,3 +82,12 @@ class Admission:
         return NoHealthyBackendError(
             f"no healthy backend{served}: {reasons}", retry_after=self._config.retry_after_s
         )
+
+
+def _chosen(view: PoolView, name: str) -> BackendView | None:
+    """The chosen backend if the view offered it; with the pool's groups only that one is
+    tested, not the whole pool."""
+    if view.candidates is None:
+        return next((b for b in view.backends if b.name == name), None)
+    found = view.candidates.index.get(name)
+    return found if found is not None and view.candidates.usable(found) else None

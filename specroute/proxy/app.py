@@ -6,6 +6,7 @@ starts and stops the pool's background tasks.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -67,8 +68,11 @@ def _estimates(state: ProxyState) -> dict[str, Any]:
         }
         for (name, steps), model in telemetry.iteration.items()
     }
+    pool = state.pool
     return {
-        "classes": msgspec.to_builtins(telemetry.classes()),
+        # What policies see: blended over this replica and its peers (this one's alone if none).
+        "classes": msgspec.to_builtins(pool.index.classes(pool.instance, time.monotonic())),
+        "local_classes": msgspec.to_builtins(telemetry.classes()),
         "prior_alpha": telemetry.acceptance.prior_alpha,
         "acceptance_sources": dict(telemetry.sources),
         "iteration": iteration,
@@ -134,6 +138,12 @@ def _handlers(state: ProxyState) -> list[Any]:
         _auth(state, request)
         return _json({**pool_info(state), "estimates": _estimates(state)})
 
+    @get("/pool/estimates", sync_to_thread=False)
+    def pool_estimates(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """This replica's own estimates with their weights, for its peers to blend."""
+        _auth(state, request)
+        return _json(state.pool.local_estimates())
+
     @get("/policy", sync_to_thread=False)
     def get_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
@@ -161,6 +171,7 @@ def _handlers(state: ProxyState) -> list[Any]:
         get_server_info,
         model_info,
         pool,
+        pool_estimates,
         get_policy,
         put_policy,
     ]
