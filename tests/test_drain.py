@@ -40,21 +40,23 @@ async def _routed_to(client: httpx.AsyncClient, count: int) -> list[str]:
 
 async def _drain_during_a_stream(pair: tuple[Server, Server]) -> dict[str, Any]:
     a, b = pair
-    async with proxy({"a": a, "b": b}, policy="least_loaded") as (url, _):  # type: ignore[dict-item]
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            body = {**CHAT, "max_tokens": 400, "stream": True, "ignore_eos": True,
-                    "stream_options": {"include_usage": True}}  # fmt: skip
-            async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
-                busy = stream.headers["x-specroute-backend"]
-                other = "b" if busy == "a" else "a"
-                held = await _hold(client, busy, "draining")
-                during = await _routed_to(client, 6)
-                events = [line async for line in stream.aiter_lines() if line.startswith("data:")]
-            after_stream = await _hold(client, busy, "draining")
-            await _hold(client, other, "draining")
-            readmitted = await _hold(client, busy, "serving")
-            back = await _routed_to(client, 2)
-            plan = (await client.get("/plan")).json()
+    async with (
+        proxy({"a": a, "b": b}, policy="least_loaded") as (url, _),  # type: ignore[dict-item]
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        body = {**CHAT, "max_tokens": 400, "stream": True, "ignore_eos": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        async with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+            busy = stream.headers["x-specroute-backend"]
+            other = "b" if busy == "a" else "a"
+            held = await _hold(client, busy, "draining")
+            during = await _routed_to(client, 6)
+            events = [line async for line in stream.aiter_lines() if line.startswith("data:")]
+        after_stream = await _hold(client, busy, "draining")
+        await _hold(client, other, "draining")
+        readmitted = await _hold(client, busy, "serving")
+        back = await _routed_to(client, 2)
+        plan = (await client.get("/plan")).json()
     return {
         "busy": busy, "other": other, "held": held, "during": during, "events": events,
         "after_stream": after_stream, "readmitted": readmitted, "back": back, "plan": plan,
@@ -86,15 +88,17 @@ def test_readmission_routes_to_the_backend_again(pair: tuple[Server, Server]) ->
 def test_holds_need_the_admin_key_and_a_known_backend(pair: tuple[Server, Server]) -> None:
     async def scenario() -> tuple[int, int, int]:
         a, b = pair
-        async with proxy({"a": a, "b": b}) as (url, _):  # type: ignore[dict-item]
-            async with httpx.AsyncClient(base_url=url) as client:
-                keyless = await client.put("/pool/backends/a/state", json={"state": "draining"})
-                unknown = await client.put(
-                    "/pool/backends/zz/state", json={"state": "draining"}, headers=ADMIN
-                )
-                bad = await client.put(
-                    "/pool/backends/a/state", json={"state": "asleep"}, headers=ADMIN
-                )
+        async with (
+            proxy({"a": a, "b": b}) as (url, _),  # type: ignore[dict-item]
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            keyless = await client.put("/pool/backends/a/state", json={"state": "draining"})
+            unknown = await client.put(
+                "/pool/backends/zz/state", json={"state": "draining"}, headers=ADMIN
+            )
+            bad = await client.put(
+                "/pool/backends/a/state", json={"state": "asleep"}, headers=ADMIN
+            )
         return keyless.status_code, unknown.status_code, bad.status_code
 
     assert asyncio.run(scenario()) == (401, 404, 400)

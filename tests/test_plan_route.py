@@ -12,7 +12,7 @@ from inprocess import ADMIN, proxy
 from servers import Server
 
 from specroute.launch.actuator import Actuator
-from specroute.launch.reconfigure import ProxyLink, Reconfigurer, ReconfigureOptions
+from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.planner import DepthEstimate, Estimates, Setting
 from specroute.policies import ClassEstimate
 from specroute.speculation import expected_tokens
@@ -22,9 +22,11 @@ GREEDY = "m:greedy"
 
 def test_plan_says_no_planner_until_one_publishes(emulator: Server) -> None:
     async def scenario() -> dict[str, Any]:
-        async with proxy({"a": emulator}) as (url, _):  # type: ignore[dict-item]
-            async with httpx.AsyncClient(base_url=url) as client:
-                return (await client.get("/plan")).json()  # type: ignore[no-any-return]
+        async with (
+            proxy({"a": emulator}) as (url, _),  # type: ignore[dict-item]
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            return (await client.get("/plan")).json()  # type: ignore[no-any-return]
 
     plan = asyncio.run(scenario())
     assert plan["mode"] == "off"
@@ -33,10 +35,12 @@ def test_plan_says_no_planner_until_one_publishes(emulator: Server) -> None:
 
 def test_publishing_needs_the_admin_key_and_a_plan_document(emulator: Server) -> None:
     async def scenario() -> tuple[int, int]:
-        async with proxy({"a": emulator}) as (url, _):  # type: ignore[dict-item]
-            async with httpx.AsyncClient(base_url=url) as client:
-                keyless = await client.put("/plan", json={"mode": "auto"})
-                bad = await client.put("/plan", json={"mode": 3}, headers=ADMIN)
+        async with (
+            proxy({"a": emulator}) as (url, _),  # type: ignore[dict-item]
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            keyless = await client.put("/plan", json={"mode": "auto"})
+            bad = await client.put("/plan", json={"mode": 3}, headers=ADMIN)
         return keyless.status_code, bad.status_code
 
     assert asyncio.run(scenario()) == (401, 400)
@@ -63,8 +67,8 @@ async def _advise(emulator: Server) -> tuple[dict[str, Any], dict[str, float], l
     async with proxy({"a": emulator}) as (url, app):  # type: ignore[dict-item]
         clock = [0.0]
         options = ReconfigureOptions(mode="advise", planner={"confirm_s": 0.0})
-        actuator = Actuator("advise", [("a", Setting(steps=1), 60.0), ("b", Setting(steps=1), 60.0)],
-                            clock=lambda: clock[0])  # fmt: skip
+        two = [("a", Setting(steps=1), 60.0), ("b", Setting(steps=1), 60.0)]
+        actuator = Actuator("advise", two, clock=lambda: clock[0])
         link = ProxyLink(url, "admin-key")
         loop = Reconfigurer(options, link, actuator, restart, limit=lambda k: 48)
         while clock[0] < 600:
@@ -98,3 +102,24 @@ def test_advise_publishes_a_paying_change_and_changes_nothing(emulator: Server) 
     assert metrics['specroute_plan_info{mode="advise",verdict="reconfigure"}'] == 1.0
     assert metrics["specroute_plan_gain_tok_s"] == plan["plan"]["gain"]
     assert metrics['specroute_plan_servers{state="serving"}'] == 2.0
+
+
+def test_the_kubernetes_planner_publishes_to_every_address_of_the_replicas_name(
+    emulator: Server,
+) -> None:
+    from specroute.launch.advisor import FanoutLink
+
+    async def scenario() -> list[dict[str, Any]]:
+        pair = proxy({"a": emulator}), proxy({"a": emulator})  # type: ignore[dict-item]
+        async with pair[0] as (one, _), pair[1] as (two, _):
+            port = one.rsplit(":", 1)[1]
+            # "localhost" stands in for the headless Service: here it names only the first.
+            link = FanoutLink(two, "admin-key", f"localhost:{port}")
+            await link.publish({"mode": "advise", "planner": "test", "replicas": {"2": 3}})
+            await link.aclose()
+            async with httpx.AsyncClient() as client:
+                return [(await client.get(url + "/plan")).json() for url in (one, two)]
+
+    first, second = asyncio.run(scenario())
+    assert first["replicas"] == {"2": 3}
+    assert second["mode"] == "off"  # --replicas, not --proxy, is where plans go
