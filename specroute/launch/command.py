@@ -88,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     add("--ready-timeout", type=float, default=900.0, metavar="SECONDS",
         help="how long servers may take to load before the launch fails")
     add("--drain", type=float, default=30.0, metavar="SECONDS",
-        help="on stop, how long each process may take to finish its requests")
+        help="on stop, and before a depth change (--reconfigure auto), how long a process may "
+        "take to finish its requests")
     add("--dry-run", action="store_true", help="print the commands and environment, start nothing")
     add("--emulate", action="store_true",
         help="run emulated servers (`specroute emulate`) instead of SGLang: no GPU needed")
