@@ -225,3 +225,30 @@ def test_a_missing_depth_is_warned_once_per_set_of_depths_found() -> None:
     assert {(e["depth"], tuple(e["depths"]), e["log_level"]) for e in missing} == {
         (7, (1, 2), "warning")
     }
+
+
+def test_a_queue_timeout_names_a_backend_the_launcher_holds() -> None:
+    async def run() -> httpx.Response:
+        async with contextlib.AsyncExitStack() as keep_b:
+            a, b = Upstream(_ok), await _started(keep_b, Upstream(_ok))
+            admission = {"queue_timeout_s": 0.3}
+            async with (
+                a.running(),
+                inprocess.proxy({"a": a, "b": b}, admission=admission) as (
+                    url,
+                    app,
+                ),
+            ):
+                app.state.pool.holds.hold("a", "draining")
+                await keep_b.aclose()
+                await _until(lambda: not app.state.pool.by_name["b"].healthy, "b to be down")
+                async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                    return await client.post("/v1/chat/completions", json=CHAT)
+        raise AssertionError("unreachable")
+
+    reply = asyncio.run(run())
+    assert reply.status_code == 503
+    assert reply.json()["error"]["message"] == (
+        "timed out waiting for a free backend; a: draining (the launcher is changing its "
+        "depth); b: down: connection refused"
+    )

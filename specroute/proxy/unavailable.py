@@ -1,5 +1,5 @@
 """Why no backend could take a request, one reason per backend (down and why, a stalled stream,
-an open circuit, full, another model), for the 503's message."""
+an open circuit, full, held by the launcher, another model), for the 503's message."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ _SHOWN = 8  # a pool of hundreds (DNS discovery) names a few and counts the rest
 
 
 def _reason(pool: Pool, backend: Backend, model: str | None) -> str:
+    held = pool.holds.state(backend.name)
+    if held is not None:
+        return f"{held} (the launcher is changing its depth)"
     if not backend.reachable:
         return f"down: {backend.probe_error or 'not ready yet'}"
     if backend.breaker.stalled:
