@@ -98,9 +98,11 @@ def headroom(
 ) -> int | None:
     """Requests this proxy may add before the backend is full; None when its capacity is
     unknown. Alone: the capacity less everyone's load. With other replicas, `split`:
-    `capacity`, its share of the backend's slots, less any load beyond what the others' shares
-    allow (other clients'); `room`, its share of the room free at the last scrape, plus what it
-    freed since, less what it added since (its share of the capacity with no fresh scrape)."""
+    `capacity`, its share of the backend's slots less its own requests (the scrape is not
+    read: at a full pool the gauges' lag would make the others' shares look overrun, and
+    clients that bypass the proxies are not the replicas' to make room for); `room`, its share
+    of the room free at the last scrape, plus what it freed since, less what it added since
+    (its share of the capacity with no fresh scrape)."""
     if capacity is None:
         return None
     fresh = mark.fresh(now, stale_after_s)
@@ -108,8 +110,7 @@ def headroom(
         return capacity - (mark.others if fresh else 0) - own_now
     mine = share_of(capacity, share, offset)
     if split == "capacity" or not fresh:
-        beyond = max(0, mark.others - (capacity - mine)) if fresh else 0
-        return mine - beyond - own_now
+        return mine - own_now
     free = capacity - mark.others - mark.own
     since = mark.own - own_now  # freed (positive) or taken (negative) by us since the scrape
     if free < 0:  # over capacity at the scrape: what we free first drains its queue
