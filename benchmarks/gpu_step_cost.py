@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import decode_attention
 import torch
 from gdn_recurrence import relative_error, triton, tune_block
 from qwen35_model import (
@@ -29,7 +30,7 @@ from qwen35_model import (
     Batch,
     DecoderLayer,
     Ends,
-    FullAttention,
+    Kernels,
     MoE,
     MTPHead,
     Shape,
@@ -61,6 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--state-dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--gdn-kernel", choices=("auto", "triton", "torch"), default="auto")
+    p.add_argument(
+        "--split-max-b",
+        type=int,
+        default=None,
+        help="split-KV attention up to this batch (default: measured; CPU: none)",
+    )
     p.add_argument("--no-graphs", action="store_true", help="time eagerly even on a GPU")
     p.add_argument("--budget-s", type=float, default=480.0, help="start no point after this")
     p.add_argument("--out", type=Path, required=True, help="directory for result.json/.csv")
@@ -125,9 +132,7 @@ def transformers_config(shape: Shape) -> dict[str, Any] | str:
 class Model:
     """The timed parts: `count` target layers, the ends (embedding, LM head) and the MTP head."""
 
-    def __init__(
-        self, args: argparse.Namespace, device: torch.device, kernel: str, block: tuple[int, int]
-    ) -> None:
+    def __init__(self, args: argparse.Namespace, device: torch.device, kernels: Kernels) -> None:
         self.shape: Shape = SHAPES[args.shape]
         self.device, self.dtype = device, torch.bfloat16
         cache_b, max_t = max(args.batches), max(args.depths) + 1
@@ -135,10 +140,10 @@ class Model:
         state_dtype = getattr(torch, args.state_dtype)
         self.layers: list[DecoderLayer] = build_layers(
             self.shape, args.layers, cache_b, cache_len, max_t, device, self.dtype, state_dtype,
-            kernel, block,
+            kernels,
         )  # fmt: skip
         self.ends = Ends(self.shape, device, self.dtype)
-        self.mtp = MTPHead(self.shape, self.ends, cache_b, cache_len, device, self.dtype)
+        self.mtp = MTPHead(self.shape, self.ends, cache_b, cache_len, device, self.dtype, kernels)
         self.linear = [not self.shape.is_full_attention(i) for i in range(args.layers)]
 
     def hidden(self, n: int) -> torch.Tensor:
@@ -189,7 +194,7 @@ def grid(args: argparse.Namespace) -> Iterator[tuple[str, str, Batch]]:
                     yield "draft_extend", "-", Batch(b, k + 1, ctx)
 
 
-def checks(model: Model, kernel: str, timer: Timer) -> dict[str, Any]:
+def checks(model: Model, kernel: str) -> dict[str, Any]:
     """Correctness and sanity before timing: the recurrence kernel, GQA, grouped GEMM, routing."""
     dev, s = model.device, model.shape
     out: dict[str, Any] = {"gdn_kernel": kernel}
@@ -222,21 +227,7 @@ def checks(model: Model, kernel: str, timer: Timer) -> dict[str, Any]:
          "expected_uniform": round(expected_distinct(s.num_experts, s.num_experts_per_tok, n), 1)}
         for n in (1, 8, 64, 320)
     ]  # fmt: skip
-    out["kv_read_gbps"] = _kv_bandwidth(model, timer)
     return out
-
-
-def _kv_bandwidth(model: Model, timer: Timer) -> float:
-    """Achieved KV-cache read rate of one full-attention call at the largest batch and context."""
-    attn = model.mtp.layer.mixer
-    assert isinstance(attn, FullAttention)
-    keys, values = attn.k_cache, attn.v_cache
-    b, d = keys.shape[0], keys.shape[-1]
-    q = torch.randn(
-        b, 1, model.shape.num_attention_heads, d, device=model.device, dtype=model.dtype
-    )
-    samples, _ = timer(lambda: attend(q, keys, values))
-    return round(2 * keys.numel() * keys.element_size() / statistics.median(samples) / 1e6, 1)
 
 
 def layer_scaling(model: Model, args: argparse.Namespace, timer: Timer) -> list[dict[str, Any]]:
@@ -324,25 +315,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 def _run(argv: list[str] | None) -> dict[str, Any]:
     args = parse_args(argv)
     device = torch.device(args.device)
-    kernel = args.gdn_kernel
-    if kernel == "auto":
-        kernel = "triton" if triton is not None and device.type == "cuda" else "torch"
     torch.manual_seed(0)
     timer = Timer(device, args.warmup, args.repeats, graphs=not args.no_graphs)
-    s = SHAPES[args.shape]
-    block, block_ms = (32, 4), {}
-    if kernel == "triton":
-        dims = (s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim)
-        block, block_ms = tune_block(*dims, s.linear_value_head_dim, device, timer.median_ms)
-    model = Model(args, device, kernel, block)
+    kernels, choices = choose_kernels(args, device, timer)
+    model = Model(args, device, kernels)
     words = sys.argv[1:] if argv is None else argv
     result: dict[str, Any] = {
         "command": " ".join(["python3", "benchmarks/gpu_step_cost.py", *words]),
         "environment": environment(device),
-        "settings": {**settings(args, model, kernel, timer), "gdn_block": block},
+        "settings": settings(args, model, kernels, timer),
         "checks": {
-            **checks(model, kernel, timer),
-            "gdn_block_ms": block_ms,
+            **checks(model, kernels.gdn),
+            **choices,
             "layer_scaling": layer_scaling(model, args, timer),
         },
         "kernel_profile": profiles(model, args, timer) if device.type == "cuda" else [],
@@ -354,7 +338,30 @@ def _run(argv: list[str] | None) -> dict[str, Any]:
     return result
 
 
-def settings(args: argparse.Namespace, model: Model, kernel: str, timer: Timer) -> dict[str, Any]:
+def choose_kernels(
+    args: argparse.Namespace, device: torch.device, timer: Timer
+) -> tuple[Kernels, dict[str, Any]]:
+    """The fastest correct kernels on this device: GDN tiling, split-KV or SDPA attention."""
+    s, gpu = SHAPES[args.shape], device.type == "cuda" and triton is not None
+    gdn = args.gdn_kernel if args.gdn_kernel != "auto" else ("triton" if gpu else "torch")
+    split_max_b, block, report = args.split_max_b or 0, (32, 4), {}
+    if gdn == "triton":
+        dims = (s.linear_num_key_heads, s.linear_num_value_heads, s.linear_key_head_dim)
+        block, report["gdn_block_ms"] = tune_block(
+            *dims, s.linear_value_head_dim, device, timer.median_ms
+        )
+    if args.split_max_b is None and gpu:
+        heads = (s.num_attention_heads, s.num_key_value_heads, s.head_dim)
+        depths = sorted({1, max(args.depths) + 1})
+        split_max_b, report["attention"] = decode_attention.choose(
+            *heads, args.batches, depths, max(args.contexts), device, timer.median_ms
+        )
+    return Kernels(split_max_b=split_max_b, gdn=gdn, gdn_block=block), report
+
+
+def settings(
+    args: argparse.Namespace, model: Model, kernels: Kernels, timer: Timer
+) -> dict[str, Any]:
     """Every setting of the run, and what the timed subset stands for."""
     shape = model.shape
     return {
@@ -366,8 +373,11 @@ def settings(args: argparse.Namespace, model: Model, kernel: str, timer: Timer) 
         "variants": args.variants, "warmup": args.warmup, "repeats": args.repeats,
         "dtype": "bfloat16", "state_dtype": args.state_dtype,
         "kernels": {
-            "experts": "torch._grouped_mm", "attention": "F.scaled_dot_product_attention",
-            "linear_attention": f"gdn_recurrence:{kernel}", "graphs": timer.graphs,
+            "experts": "torch._grouped_mm", "graphs": timer.graphs,
+            "attention": "decode_attention.split_attention (Triton, split KV) for b <= "
+            f"{kernels.split_max_b}, F.scaled_dot_product_attention above",
+            "linear_attention": f"gdn_recurrence:{kernels.gdn}",
+            "gdn_block": kernels.gdn_block,
         },
         "weight_bytes": weight_bytes(shape),
     }  # fmt: skip

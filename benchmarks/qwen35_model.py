@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from decode_attention import sdpa, split_attention
 from gdn_recurrence import gdn_recurrence
 
 
@@ -72,6 +73,17 @@ class Batch:
     @property
     def tokens(self) -> int:
         return self.b * self.t
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Which implementation runs each mixer: attention split along the KV cache (Triton) for
+    batches up to `split_max_b` and PyTorch's SDPA above; the Gated DeltaNet recurrence "torch"
+    (reference) or "triton" (fused), tiled by `gdn_block`."""
+
+    split_max_b: int = 0
+    gdn: str = "torch"
+    gdn_block: tuple[int, int] = (32, 4)
 
 
 def _weight(*shape: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -139,10 +151,12 @@ class FullAttention:
     """Gated GQA attention (32 query heads on 2 KV heads of 256) over a per-request KV cache."""
 
     def __init__(
-        self, s: Shape, cache_b: int, cache_len: int, device: torch.device, dtype: torch.dtype
-    ) -> None:
+        self, s: Shape, cache_b: int, cache_len: int, device: torch.device, dtype: torch.dtype,
+        kernels: Kernels,
+    ) -> None:  # fmt: skip
         h, nq, nkv, d = s.hidden_size, s.num_attention_heads, s.num_key_value_heads, s.head_dim
         self.nq, self.nkv, self.d = nq, nkv, d
+        self.split_max_b = kernels.split_max_b
         self.rot = int(d * s.partial_rotary_factor)
         self.wq = _weight(2 * nq * d, h, device=device, dtype=dtype)  # query and output gate
         self.wk = _weight(nkv * d, h, device=device, dtype=dtype)
@@ -176,13 +190,15 @@ class FullAttention:
         self.v_cache[:b, :, ctx : ctx + t] = v.transpose(1, 2)
         keys = self.k_cache[:b, :, : ctx + t]
         values = self.v_cache[:b, :, : ctx + t]
-        o = attend(q, keys, values)
+        o = attend(q, keys, values, split=b <= self.split_max_b)
         o = o.reshape(b * t, self.nq * self.d) * torch.sigmoid(gate.reshape(b * t, -1))
         return o @ self.wo.T
 
 
-def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """GQA as plain attention: each KV head's query heads stacked as rows, one SDPA call.
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, split: bool = False
+) -> torch.Tensor:
+    """GQA as plain attention: each KV head's query heads stacked as rows, one kernel call.
 
     `q` [b, t, heads, d]; `keys`/`values` [b, kv_heads, len, d]. The causal mask among the `t`
     new tokens is left out: it changes no byte read and at most t*t of len*t products.
@@ -190,7 +206,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.T
     b, t, nq, d = q.shape
     nkv = keys.shape[1]
     rows = q.view(b, t, nkv, nq // nkv, d).permute(0, 2, 3, 1, 4).reshape(b, nkv, -1, d)
-    o = F.scaled_dot_product_attention(rows, keys, values)
+    o = split_attention(rows, keys, values) if split else sdpa(rows, keys, values)
     return o.view(b, nkv, nq // nkv, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, nq, d)
 
 
@@ -203,13 +219,12 @@ class GatedDeltaNet:
 
     def __init__(
         self, s: Shape, cache_b: int, max_t: int, device: torch.device, dtype: torch.dtype,
-        state_dtype: torch.dtype, kernel: str, block: tuple[int, int],
+        state_dtype: torch.dtype, kernels: Kernels,
     ) -> None:  # fmt: skip
         h = s.hidden_size
-        self.block = block
+        self.kernel, self.block = kernels.gdn, kernels.gdn_block
         self.hk, self.hv = s.linear_num_key_heads, s.linear_num_value_heads
         self.dk, self.dv = s.linear_key_head_dim, s.linear_value_head_dim
-        self.kernel = kernel
         self.conv_dim = 2 * self.hk * self.dk + self.hv * self.dv
         width = s.linear_conv_kernel_dim
         self.w_qkv = _weight(self.conv_dim, h, device=device, dtype=dtype)
@@ -290,14 +305,14 @@ class MTPHead:
 
     def __init__(
         self, s: Shape, ends: Ends, cache_b: int, cache_len: int, device: torch.device,
-        dtype: torch.dtype,
+        dtype: torch.dtype, kernels: Kernels,
     ) -> None:  # fmt: skip
         h = s.hidden_size
         self.ends = ends
         self.fc = _weight(h, 2 * h, device=device, dtype=dtype)
         self.norm_e = _norm_weight(h, device, dtype)
         self.norm_h = _norm_weight(h, device, dtype)
-        attn = FullAttention(s, cache_b, cache_len, device, dtype)
+        attn = FullAttention(s, cache_b, cache_len, device, dtype, kernels)
         self.layer = DecoderLayer(attn, MoE(s, device, dtype), h)
 
     def __call__(self, ids: torch.Tensor, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
@@ -311,16 +326,16 @@ class MTPHead:
 
 def build_layers(
     s: Shape, count: int, cache_b: int, cache_len: int, max_t: int, device: torch.device,
-    dtype: torch.dtype, state_dtype: torch.dtype, kernel: str, block: tuple[int, int],
+    dtype: torch.dtype, state_dtype: torch.dtype, kernels: Kernels,
 ) -> list[DecoderLayer]:  # fmt: skip
     """The first `count` layers of the stack, with the model's own hybrid pattern."""
     layers = []
     for i in range(count):
         mixer: FullAttention | GatedDeltaNet
         if s.is_full_attention(i):
-            mixer = FullAttention(s, cache_b, cache_len, device, dtype)
+            mixer = FullAttention(s, cache_b, cache_len, device, dtype, kernels)
         else:
-            mixer = GatedDeltaNet(s, cache_b, max_t, device, dtype, state_dtype, kernel, block)
+            mixer = GatedDeltaNet(s, cache_b, max_t, device, dtype, state_dtype, kernels)
         layers.append(DecoderLayer(mixer, MoE(s, device, dtype), s.hidden_size))
     return layers
 
