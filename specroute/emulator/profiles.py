@@ -170,7 +170,38 @@ COSTLY_DRAFTS = Profile(
     startup_s=88.0,
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (SEED_QWEN35_122B, COSTLY_DRAFTS)}
+H200_QWEN35_122B_SHAPE = Profile(
+    name="h200-qwen35-122b-shape",
+    description=(
+        "Qwen3.5-122B-A10B's shapes (bf16, random weights) on one NVIDIA H200: the iteration "
+        "time measured and fitted (benchmarks/results/h200-qwen35-122b); every distinct expert "
+        "read costs, so each extra draft token does; acceptance, capacity and prefill are the "
+        "seed's."
+    ),
+    model_name="Qwen/Qwen3.5-122B-A10B",
+    t0=0.0133,
+    t_draft=0.000935,
+    t_draft_per_request=0.0000587,
+    t_token=0.0000994,
+    experts=256,
+    experts_per_token=8,
+    t_expert=0.000326,
+    knee_tokens=1_000_000,
+    t_token_compute=0.0,
+    prefill_base=SEED_QWEN35_122B.prefill_base,
+    prefill_per_token=SEED_QWEN35_122B.prefill_per_token,
+    capacity_c=SEED_QWEN35_122B.capacity_c,
+    capacity_r=SEED_QWEN35_122B.capacity_r,
+    acceptance=SEED_QWEN35_122B.acceptance,
+    spread=SEED_QWEN35_122B.spread,
+    mean_output_tokens=SEED_QWEN35_122B.mean_output_tokens,
+    startup_s=SEED_QWEN35_122B.startup_s,
+)
+"""Fitted by `benchmarks/gpu_fit.py` (hybrid layers, context 512); `docs/emulator-profiles.md`."""
+
+PROFILES: dict[str, Profile] = {
+    p.name: p for p in (SEED_QWEN35_122B, COSTLY_DRAFTS, H200_QWEN35_122B_SHAPE)
+}
 DEFAULT_PROFILE = SEED_QWEN35_122B.name
 
 
