@@ -14,6 +14,7 @@ from specroute.planner import (
     RegimeTracker,
     ServerState,
     Setting,
+    calibrated,
     forecast,
     user_counts,
 )
@@ -123,6 +124,25 @@ def test_a_server_changed_within_the_dwell_time_is_not_changed_again() -> None:
     assert planner.plan(now, settled, estimates()).verdict == "reconfigure"
 
 
+def test_a_server_is_not_changed_back_within_the_regime_that_changed_it() -> None:
+    # Crowded sampled traffic wants b0 back at k1; it left k1 in this very regime.
+    planner, now = planner_after([CROWDED])
+    moved = [msgspec.structs.replace(s, limit=200) for s in pool(7, 1, 1)]
+    plan = planner.plan(now, moved, estimates())
+    assert plan.verdict == "reconfigure"
+    assert plan.start[0].server == "b0"
+    assert plan.start[0].after == Setting(steps=1)
+    this_regime = now - 300.0
+    moved[0] = msgspec.structs.replace(moved[0], changed_at=this_regime, previous=Setting(steps=1))
+    plan = planner.plan(now, moved, estimates())
+    assert all(c.server != "b0" or c.after != Setting(steps=1) for c in plan.changes)
+    # A regime later, it may.
+    later, now = planner_after([(600.0, {GREEDY: 2.0}), CROWDED])
+    earlier = msgspec.structs.replace(moved[0], changed_at=100.0)
+    plan = later.plan(now, [earlier, *moved[1:]], estimates())
+    assert plan.start[0].after == Setting(steps=1)
+
+
 def test_no_more_than_max_unavailable_servers_restart_at_once() -> None:
     planner, now = planner_after([CROWDED])
     servers = pool(7, 7, 7)
@@ -218,13 +238,33 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
     assert tracker.view(now).steady
 
 
-def test_depths_past_the_deepest_seen_repeat_the_last_positions_acceptance() -> None:
-    # Accept lengths at 1..3 from per-position rates 0.8, 0.6, 0.4: position 4 and on, 0.4.
+def test_acceptance_past_the_deepest_seen_depth_goes_on_decaying_as_it_did() -> None:
+    # Accept lengths at 1..3 from per-position rates 0.8, 0.6, 0.4: each rate 2/3 of the last,
+    # so positions 4 and 5 accept at 0.4 * 2/3 and 0.4 * (2/3) ** 2.
     seen = {1: 1.8, 2: 1.8 + 0.48, 3: 1.8 + 0.48 + 0.192}
     est = Estimates(depths={}, classes={SAMPLED: ClassEstimate(alpha=0.6, accept_length=seen)})
     assert est.accept_length(SAMPLED, 3) == pytest.approx(seen[3])
-    assert est.accept_length(SAMPLED, 5) == pytest.approx(seen[3] + 0.192 * (0.4 + 0.16))
+    a4, a5 = 0.4 * 2 / 3, 0.4 * (2 / 3) ** 2
+    assert est.accept_length(SAMPLED, 5) == pytest.approx(seen[3] + 0.192 * a4 * (1 + a5))
+    # A constant rate stays constant; an unseen class falls back to the prior alpha.
+    flat = {1: expected_tokens(0.9, 1), 2: expected_tokens(0.9, 2)}
+    est = Estimates(depths={}, classes={GREEDY: ClassEstimate(alpha=0.9, accept_length=flat)})
+    assert est.accept_length(GREEDY, 6) == pytest.approx(expected_tokens(0.9, 6))
     assert est.accept_length("unseen", 2) == pytest.approx(expected_tokens(0.7, 2))
+
+
+def test_a_saturated_pool_runs_the_overall_class_mix_on_every_server() -> None:
+    # With every slot taken no routing can sort classes: each freed slot takes the next request.
+    est = estimates()
+    deep_and_shallow = [Setting(steps=7), Setting(steps=1)]
+    room = forecast(deep_and_shallow, {GREEDY: 5, SAMPLED: 5}, est)
+    assert room.queued == 0
+    full = forecast(deep_and_shallow, {GREEDY: 30, SAMPLED: 30}, est)
+    assert full.queued == 60 - est.depths[7].capacity - est.depths[1].capacity
+    assert [s.running for s in full.servers] == [est.depths[7].capacity, est.depths[1].capacity]
+    e7 = (est.accept_length(GREEDY, 7) + est.accept_length(SAMPLED, 7)) / 2
+    t7 = est.depths[7].iteration_time(est.depths[7].capacity)
+    assert full.servers[0].tok_s == pytest.approx(est.depths[7].capacity * e7 / t7)
 
 
 def test_forecast_places_users_where_the_policy_would_and_queues_past_capacity() -> None:
@@ -248,3 +288,14 @@ def test_an_adaptive_server_sizes_memory_for_its_deepest_candidate_and_follows_i
     assert crowded.servers[0].steps == 3  # 0.875 drafts of 3 accepted: above 1 - 0.5
     hot = msgspec.structs.replace(est, classes={"m:hot": ClassEstimate(alpha=0.2)})
     assert forecast([adaptive], {"m:hot": 40}, hot).servers[0].steps == 0
+
+
+def test_depths_that_have_not_run_are_judged_as_slow_as_the_measured_ones_run() -> None:
+    # Measured depth 1 runs 20% slower than its bench prior: depth 7, never run, is taken to.
+    priors = estimates().depths
+    slow = msgspec.structs.replace(priors[1], intercept_s=0.024, per_token_s=0.00048)
+    depths = calibrated(priors, {1: slow})
+    assert depths[1] == slow
+    half = priors[7].capacity // 2
+    assert depths[7].iteration_time(half) == pytest.approx(1.2 * priors[7].iteration_time(half))
+    assert calibrated(priors, {}) == dict(priors)

@@ -1,9 +1,8 @@
 """The depth planner: which speculative depth each server should run as load shifts, and when
 a restart pays. Pure: the caller passes time, the pool's servers and the estimators."""
 
+from specroute.planner.estimates import DepthEstimate, Estimates, calibrated
 from specroute.planner.forecast import (
-    DepthEstimate,
-    Estimates,
     Forecast,
     Objective,
     ServerForecast,
@@ -30,6 +29,7 @@ __all__ = [
     "ServerState",
     "Setting",
     "Tier",
+    "calibrated",
     "forecast",
     "user_counts",
 ]

@@ -2,7 +2,8 @@
 per-request speed, from the estimated E_k per class, T(b, k) and R(k) per depth.
 
 Users are placed one at a time where the routing policy would send them (largest gain in pool
-tok/s, fastest speed for `latency`), so a forecast of a mixed pool credits class sorting.
+tok/s, fastest speed for `latency`), so a forecast of a mixed pool credits class sorting while
+slots are plenty; once nearly all are taken, no routing can sort, and neither does the forecast.
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from typing import Literal
 
 import msgspec
 
-from specroute.policies import ClassEstimate
-from specroute.speculation import PRIOR_ALPHA, alpha_from_accept_length, expected_tokens
+from specroute.planner.estimates import Estimates
 
 __all__ = [
-    "DepthEstimate",
-    "Estimates",
     "Forecast",
     "Objective",
     "Physics",
@@ -30,6 +28,8 @@ __all__ = [
 ]
 
 Objective = Literal["throughput", "latency", "goodput"]
+SORTING_LIMIT = 0.8
+"""Occupancy (users over slots) up to which routing places each class where it gains most."""
 Tier = tuple[int, tuple[int, ...]]
 """(smallest batch size of the tier, candidate depths): SGLang's adaptive configuration."""
 
@@ -51,66 +51,11 @@ class Setting(msgspec.Struct, frozen=True, kw_only=True):
         return f"adaptive<={self.deepest}" if self.tiers else f"k{self.steps}"
 
 
-class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
-    """What is known of one depth: R(k) and `T(b) = intercept_s + per_token_s * b * (k + 1)`."""
-
-    steps: int
-    capacity: int
-    intercept_s: float
-    per_token_s: float
-
-    def iteration_time(self, batch: float) -> float:
-        return self.intercept_s + self.per_token_s * batch * (self.steps + 1)
-
-
-class Estimates(msgspec.Struct, frozen=True, kw_only=True):
-    """The estimators the planner reads: every depth it may assign, acceptance per class."""
-
-    depths: dict[int, DepthEstimate]
-    classes: dict[str, ClassEstimate] = msgspec.field(default_factory=dict)
-    prior_alpha: float = PRIOR_ALPHA
-
-    def accept_length(self, klass: str, steps: int) -> float:
-        """E_k for `klass`: measured at that depth if seen; past the deepest seen depth, its last
-        position's acceptance repeats; else from the class's alpha (the prior's if unseen)."""
-        if steps <= 0:
-            return 1.0
-        est = self.classes.get(klass)
-        if est is None:
-            return expected_tokens(self.prior_alpha, steps)
-        seen = est.accept_length
-        if steps in seen:
-            return seen[steps]
-        deeper = [d for d in seen if d > steps]
-        if deeper:
-            d = min(deeper)
-            return expected_tokens(alpha_from_accept_length(seen[d], d), steps)
-        if not seen:
-            return expected_tokens(est.alpha, steps)
-        return _extrapolate(seen, max(seen), steps)
-
-
-def _extrapolate(seen: Mapping[int, float], d: int, steps: int) -> float:
-    """E_steps from E_d: the last step's increment times the last position's acceptance, again."""
-    lengths = {0: 1.0, **seen}
-    if d - 1 not in lengths:
-        return expected_tokens(alpha_from_accept_length(lengths[d], d), steps)
-    last = lengths[d] - lengths[d - 1]
-    before = lengths[d - 1] - lengths[d - 2] if d - 2 in lengths else None
-    rate = alpha_from_accept_length(lengths[d], d) if not before else last / before
-    rate = min(1.0, max(0.0, rate))
-    total, term = lengths[d], last
-    for _ in range(steps - d):
-        term *= rate
-        total += term
-    return total
-
-
 class ServerForecast(msgspec.Struct, frozen=True, kw_only=True):
     setting: str
     steps: int
     """The depth it runs at under this load (an adaptive server's chosen tier depth)."""
-    running: int
+    running: float
     tok_s: float
     per_request_tok_s: float
 
@@ -121,7 +66,7 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
     settings: tuple[str, ...]
     tok_s: float
     per_request_tok_s: float
-    queued: int
+    queued: float
     value: float
     servers: tuple[ServerForecast, ...]
 
@@ -142,7 +87,7 @@ class Physics:
             value = self._e[key] = self.est.accept_length(klass, steps)
         return value
 
-    def time(self, steps: int, batch: int) -> float:
+    def time(self, steps: int, batch: float) -> float:
         return self.depths[steps].iteration_time(batch)
 
 
@@ -155,11 +100,11 @@ class _Server:
         self.setting = setting
         self.phys = phys
         self.capacity = phys.depths[setting.deepest].capacity
-        self.counts: dict[str, int] = {}
-        self.running = 0
+        self.counts: dict[str, float] = {}
+        self.running = 0.0
         self.tok_s = 0.0
 
-    def depth(self, counts: Mapping[str, int], batch: int) -> int:
+    def depth(self, counts: Mapping[str, float], batch: float) -> int:
         """The depth at `batch` running: fixed, or where SGLang's tier rule settles (step
         down while accepted drafts per verify are at most the lower depth - 0.5, up while
         they exceed this depth - 0.5), from the tier's deepest candidate."""
@@ -179,7 +124,7 @@ class _Server:
             i -= 1
         return tier[i]
 
-    def rates(self, counts: Mapping[str, int]) -> tuple[int, float, dict[str, float]]:
+    def rates(self, counts: Mapping[str, float]) -> tuple[int, float, dict[str, float]]:
         """(depth, tok/s, per-request speed by class) with `counts` running."""
         batch = sum(counts.values())
         k = self.depth(counts, batch)
@@ -187,7 +132,7 @@ class _Server:
         speeds = {c: self.phys.e(c, k) / t for c in counts}
         return k, sum(n * speeds[c] for c, n in counts.items()), speeds
 
-    def joined(self, klass: str) -> dict[str, int]:
+    def joined(self, klass: str) -> dict[str, float]:
         counts = dict(self.counts)
         counts[klass] = counts.get(klass, 0) + 1
         return counts
@@ -249,17 +194,22 @@ def _place(servers: list[_Server], klass: str, objective: Objective, floor: floa
     return True
 
 
-def forecast(
-    settings: Sequence[Setting],
-    users: Mapping[str, int],
-    est: Estimates | Physics,
-    objective: Objective = "throughput",
-    floor_tok_s: float = 0.0,
+def _blind(servers: list[_Server], users: Mapping[str, int]) -> int:
+    """Users spread in proportion to capacity, each server running the overall class mix:
+    the placement when slots are scarce (returns the users queued)."""
+    total = sum(users.values())
+    slots = sum(s.capacity for s in servers)
+    fill = min(1.0, total / slots)
+    for server in servers:
+        server.counts = {c: server.capacity * fill * n / total for c, n in users.items()}
+        server.running = server.capacity * fill
+        server.tok_s = server.rates(server.counts)[1] if server.counts else 0.0
+    return max(0, total - slots)
+
+
+def _summary(
+    servers: list[_Server], queued: float, objective: Objective, floor_tok_s: float
 ) -> Forecast:
-    """The steady state of `users` (closed-loop users per class) on servers at `settings`."""
-    phys = est if isinstance(est, Physics) else Physics(est)
-    servers = [_Server(s, phys) for s in settings]
-    queued = sum(1 for c in _order(users) if not _place(servers, c, objective, floor_tok_s))
     out: list[ServerForecast] = []
     tok_s = good = 0.0
     for server in servers:
@@ -283,10 +233,60 @@ def forecast(
         "goodput": good,
     }
     return Forecast(
-        settings=tuple(s.label for s in settings),
+        settings=tuple(s.setting.label for s in servers),
         tok_s=tok_s,
         per_request_tok_s=tok_s / running if running else 0.0,
         queued=queued,
         value=values[objective],
         servers=tuple(out),
     )
+
+
+def _between(placed: Forecast, blind: Forecast, w: float) -> Forecast:
+    """`placed` moved a fraction `w` of the way to `blind`."""
+
+    def mid(a: float, b: float) -> float:
+        return a + w * (b - a)
+
+    servers = tuple(
+        msgspec.structs.replace(
+            p,
+            running=mid(p.running, b.running),
+            tok_s=mid(p.tok_s, b.tok_s),
+            per_request_tok_s=mid(p.per_request_tok_s, b.per_request_tok_s),
+        )
+        for p, b in zip(placed.servers, blind.servers, strict=True)
+    )
+    return msgspec.structs.replace(
+        placed, tok_s=mid(placed.tok_s, blind.tok_s), queued=mid(placed.queued, blind.queued),
+        per_request_tok_s=mid(placed.per_request_tok_s, blind.per_request_tok_s),
+        value=mid(placed.value, blind.value), servers=servers,
+    )  # fmt: skip
+
+
+def forecast(
+    settings: Sequence[Setting],
+    users: Mapping[str, int],
+    est: Estimates | Physics,
+    objective: Objective = "throughput",
+    floor_tok_s: float = 0.0,
+) -> Forecast:
+    """The steady state of `users` (closed-loop users per class) on servers at `settings`:
+    placed as the policy would while slots are plenty, class-blind once they are all taken
+    (a freed slot goes to the next request, whatever its class), in between from
+    `SORTING_LIMIT` of the slots taken to all of them."""
+    phys = est if isinstance(est, Physics) else Physics(est)
+    occupancy = sum(users.values()) / max(1, sum(phys.depths[s.deepest].capacity for s in settings))
+    placed = blind = None
+    if occupancy < 1.0:
+        servers = [_Server(s, phys) for s in settings]
+        queued = sum(1 for c in _order(users) if not _place(servers, c, objective, floor_tok_s))
+        placed = _summary(servers, queued, objective, floor_tok_s)
+    if occupancy > SORTING_LIMIT:
+        servers = [_Server(s, phys) for s in settings]
+        blind = _summary(servers, _blind(servers, users), objective, floor_tok_s)
+    if placed is None or blind is None:
+        result = placed or blind
+        assert result is not None
+        return result
+    return _between(placed, blind, (occupancy - SORTING_LIMIT) / (1.0 - SORTING_LIMIT))

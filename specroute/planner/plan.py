@@ -11,8 +11,8 @@ from typing import Literal
 
 import msgspec
 
+from specroute.planner.estimates import Estimates
 from specroute.planner.forecast import (
-    Estimates,
     Forecast,
     Objective,
     Physics,
@@ -37,11 +37,15 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     objective: Objective = "throughput"
     floor_tok_s: float = 0.0
     max_steps: int = 7
+    """Deepest fixed depth assigned (the draft head's own limit, or memory's)."""
     adaptive: tuple[tuple[Tier, ...], ...] = ()
     margin: float = 1.5
     min_gain: float = 0.03
+    """Hysteresis: a proposal gaining less than this fraction of the objective is no change."""
     min_dwell_s: float = 900.0
+    """Least time between two changes of one server."""
     max_unavailable: int = 1
+    """Servers draining or starting at once, at most."""
     settle_s: float = 120.0
     """A regime younger than this is not acted on (longer than a restart takes)."""
     confirm_s: float = 30.0
@@ -54,9 +58,13 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     peak_concurrency: float | None = None
     """Load the pool must stay reconfigurable under (else: the highest seen)."""
     regime_prior_s: float = 1800.0
+    """The operator's prior for how long a load regime lasts, before any has been seen."""
     regime_prior_weight: float = 1.0
+    """How many seen regimes the prior counts as."""
     band: float = 1.5
+    """A regime ends when concurrency moves by this ratio..."""
     mix_shift: float = 0.25
+    """...or the class mix by this much (total variation distance)."""
     window_s: float = 60.0
     """Load is averaged over this window to tell regimes apart."""
 
@@ -78,6 +86,8 @@ class ServerState(msgspec.Struct, frozen=True, kw_only=True):
     limit: int | None = None
     """Its admission limit (None: `overcommit` x its capacity at its setting)."""
     changed_at: float | None = None
+    previous: Setting | None = None
+    """Its setting before that change: it is not changed back within the same regime."""
 
 
 class Change(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +111,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     gain: float = 0.0
     """Proposed minus current objective (tok/s; mean tok/s per user for `latency`)."""
     gain_tokens: float = 0.0
-    """The gain over the regime's expected rest, after the restarts."""
+    """The gain over the regime's expected rest once the restarts are done (the objective's
+    unit times seconds: tokens for `throughput` and `goodput`)."""
     restart_cost_tokens: float = 0.0
     changes: tuple[Change, ...] = ()
     """Every change the proposal needs."""
@@ -211,7 +222,9 @@ class Planner:
         gaining: _Candidate | None = None
         for combo in itertools.combinations_with_replacement(choices, len(servers)):
             settings = _assign(current, combo)
-            if settings == current or not self._escapable(settings, phys, peak):
+            if settings == current or _undoes(servers, settings, regime):
+                continue
+            if not self._escapable(settings, phys, peak):
                 continue
             fc = self._forecast(settings, users, phys)
             if fc.value - now_fc.value <= max(0.0, o.min_gain * now_fc.value):
@@ -320,6 +333,15 @@ class Planner:
         if server.limit is not None:
             return float(server.limit)
         return self.options.overcommit * phys.depths[server.setting.deepest].capacity
+
+
+def _undoes(servers: Sequence[ServerState], settings: Sequence[Setting], regime: Regime) -> bool:
+    """Would `settings` put a server back where it was before a change made in this regime?
+    The estimates that moved it have not changed their mind for a reason the regime shows."""
+    return any(
+        s.previous == after and s.changed_at is not None and s.changed_at >= regime.started_at
+        for s, after in zip(servers, settings, strict=True)
+    )
 
 
 def _unsettled(regime: Regime, settle_s: float, users: Mapping[str, int]) -> str:
