@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 from depth_pools import MAX_STEPS, ROOT, PoolSpec, adaptive_configs, pools, setting_of, tune
 from policy_sim import Draw, Node, PoolSim, Req
 
@@ -32,6 +33,7 @@ from specroute.planner import (
     PlannerOptions,
     ServerState,
     Setting,
+    calibrated,
 )
 from specroute.policies import create
 from specroute.speculation import is_greedy
@@ -50,6 +52,7 @@ class Slot:
     setting: Setting
     state: str = "serving"
     pending: Setting | None = None
+    previous: Setting | None = None
     changed_at: float | None = None
     generation: int = 0
 
@@ -190,6 +193,7 @@ class DepthSim(PoolSim):
         self.restarts.append(Restart(self.nodes[i].name, slot.setting.label, after.label,
                                      self.now, reason=reason))  # fmt: skip
         slot.state, slot.pending, slot.changed_at = "draining", after, self.now
+        slot.previous = slot.setting
         if self.nodes[i].in_flight == 0:
             self._down(i)
         else:
@@ -231,22 +235,22 @@ class DepthSim(PoolSim):
     # -- the planner ------------------------------------------------------------------------
 
     def estimates(self) -> Estimates:
-        """The planner's inputs, from the telemetry: fits per depth (the tune's prior where a
-        depth has not run), capacity per depth, acceptance per class."""
-        depths = {}
+        """The planner's inputs, from the telemetry: each depth's fit where it has run (several
+        servers' fits averaged by observations), the tune's prior elsewhere, capacity per
+        depth, acceptance per class."""
+        priors, fitted = {}, {}
         for k in range(MAX_STEPS + 1):
-            fits = [
-                m for (_, s), m in self.telemetry.iteration.items() if s == k and m.observations
-            ]
-            weight = sum(m.observations for m in fits)
+            a, b = self.telemetry.priors[k]
+            priors[k] = DepthEstimate(steps=k, capacity=self.capacity[k], intercept_s=a,
+                                      per_token_s=b)  # fmt: skip
+            fits = [m for (_, d), m in self.telemetry.iteration.items() if d == k]
+            fits = [m for m in fits if m.observations]
             if fits:
+                weight = sum(m.observations for m in fits)
                 a = sum(m.intercept * m.observations for m in fits) / weight
                 b = sum(m.slope * m.observations for m in fits) / weight
-            else:
-                a, b = self.telemetry.priors[k]
-            depths[k] = DepthEstimate(steps=k, capacity=self.capacity[k], intercept_s=a,
-                                      per_token_s=b)  # fmt: skip
-        return Estimates(depths=depths, classes=self.telemetry.classes(),
+                fitted[k] = msgspec.structs.replace(priors[k], intercept_s=a, per_token_s=b)
+        return Estimates(depths=calibrated(priors, fitted), classes=self.telemetry.classes(),
                          prior_alpha=self.telemetry.acceptance.prior_alpha)  # fmt: skip
 
     def servers(self) -> list[ServerState]:
@@ -256,7 +260,7 @@ class DepthSim(PoolSim):
             out.append(ServerState(
                 name=node.name, setting=slot.pending or slot.setting, startup_s=self.startup_s,
                 state=slot.state, limit=limit if slot.state == "serving" else None,
-                changed_at=slot.changed_at,
+                changed_at=slot.changed_at, previous=slot.previous,
             ))  # fmt: skip
         return out
 
