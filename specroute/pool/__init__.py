@@ -1,4 +1,5 @@
-"""The backend pool: discovery, health, metrics, in-flight accounting and the upstream client."""
+"""The backend pool: discovery, health, metrics, in-flight accounting and the upstream client;
+its routing index, and what its replicas share (load split, peers' estimates)."""
 
 from specroute.pool.backend import Backend
 from specroute.pool.breaker import BreakerState, CircuitBreaker
@@ -12,9 +13,14 @@ from specroute.pool.client import (
     UpstreamResponse,
 )
 from specroute.pool.estimators import StallRule
+from specroute.pool.index import RoutingIndex
+from specroute.pool.load import LoadMark, Share, headroom, share_of
+from specroute.pool.peers import Peers
 from specroute.pool.pool import Lease, Pool
 from specroute.pool.prior import load_profile_priors, priors_from_profile
 from specroute.pool.promtext import BackendMetrics, parse_metrics
+from specroute.pool.scraper import Scraper, scrape_interval
+from specroute.pool.sharing import EstimatesWire, PeerTable, blend_classes, local_estimates
 from specroute.pool.telemetry import Telemetry
 
 __all__ = [
@@ -23,8 +29,15 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "ConnectFailed",
+    "EstimatesWire",
     "Lease",
+    "LoadMark",
+    "PeerTable",
+    "Peers",
     "Pool",
+    "RoutingIndex",
+    "Scraper",
+    "Share",
     "StallRule",
     "Stalled",
     "StreamBroken",
@@ -33,7 +46,12 @@ __all__ = [
     "UpstreamClient",
     "UpstreamFailure",
     "UpstreamResponse",
+    "blend_classes",
+    "headroom",
     "load_profile_priors",
+    "local_estimates",
     "parse_metrics",
     "priors_from_profile",
+    "scrape_interval",
+    "share_of",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 
 import msgspec
 
@@ -202,6 +202,3 @@ class RoutingIndex:
             capacity_total=groups.capacity_total if groups.capacity_known else None,
             candidates=candidates,
         )
-
-    def members(self) -> Iterable[BackendView]:
-        return self.groups.ordered()
