@@ -31,7 +31,7 @@ PROMPT = "PROMPT-MARKER-91d7 please keep this secret"
 # Every route open without a key, each on purpose: a new one fails the enumeration test below
 # until it is added here. The dashboard page holds no data (its data route needs a key).
 PUBLIC = {("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics"), ("GET", "/dashboard")}
-ADMIN = {("PUT", "/policy")}
+ADMIN = {("PUT", "/policy"), ("PUT", "/plan"), ("PUT", "/pool/backends/{name:str}/state")}
 
 
 def _concrete(path: str) -> str:
