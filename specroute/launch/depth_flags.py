@@ -4,12 +4,11 @@ GPUs, the depth flags SGLang needs (or the emulator's), adaptive tiers in a JSON
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import msgspec
 
-from specroute.launch.plan import EMULATED_MODEL, LaunchOptions, ProcessPlan, sglang_server_args
+from specroute.launch.plan import LaunchOptions, ProcessPlan, server_argv
 from specroute.planner import Setting, Tier
 
 __all__ = ["DEFAULT_TIERS", "adaptive_config", "capped_tiers", "server_at"]
@@ -48,17 +47,5 @@ def server_at(
         adaptive = ["--speculative-adaptive"]
         if config_path is not None:
             adaptive += ["--speculative-adaptive-config", str(config_path)]
-    if options.emulate:
-        argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
-        argv += ["--host", options.host, "--port", str(port)]
-        argv += ["--max-running-requests", str(options.running_limit(steps))]
-        if steps > 0:
-            argv += ["--speculative-algorithm", options.algorithm]
-        if options.model != EMULATED_MODEL:
-            argv += ["--model-name", options.model]
-        argv += [*adaptive, *options.extra_args(steps)]
-    else:
-        argv = [sys.executable, "-m", "sglang.launch_server"]
-        argv += sglang_server_args(options, steps, port)
-        argv += adaptive
+    argv = server_argv(options, steps, port, adaptive)
     return msgspec.structs.replace(base, argv=tuple(argv), steps=steps)

@@ -23,6 +23,7 @@ __all__ = [
     "parse_per_depth_args",
     "parse_per_depth_counts",
     "parse_steps",
+    "server_argv",
     "sglang_server_args",
 ]
 
@@ -219,22 +220,28 @@ def _server(options: LaunchOptions, index: int, steps: int, gpus: tuple[int, ...
     port = options.base_port + index
     repeat = options.steps[:index].count(steps)
     name = f"steps{steps}" + (f"-{repeat + 1}" if repeat else "")
-    if options.emulate:
-        argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
-        argv += ["--host", options.host, "--port", str(port)]
-        argv += ["--max-running-requests", str(options.running_limit(steps))]
-        if steps > 0:
-            argv += ["--speculative-algorithm", options.algorithm]
-        if options.model != EMULATED_MODEL:
-            argv += ["--model-name", options.model]
-        argv += options.extra_args(steps)
-        env: dict[str, str] = {}
-    else:
-        argv = [sys.executable, "-m", "sglang.launch_server"]
-        argv += sglang_server_args(options, steps, port)
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    argv = server_argv(options, steps, port)
+    env = {} if options.emulate else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     url = f"http://{_connect_host(options.host)}:{port}"
     return ProcessPlan(name=name, argv=tuple(argv), env=env, url=url, steps=steps, gpus=gpus)
+
+
+def server_argv(
+    options: LaunchOptions, steps: int, port: int, adaptive: Sequence[str] = ()
+) -> list[str]:
+    """One server's command line at `steps` (an emulator's with `--emulate`, else SGLang's),
+    with `adaptive` flags added: the launcher and the reconfiguration both build it here."""
+    if not options.emulate:
+        argv = [sys.executable, "-m", "sglang.launch_server"]
+        return [*argv, *sglang_server_args(options, steps, port), *adaptive]
+    argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
+    argv += ["--host", options.host, "--port", str(port)]
+    argv += ["--max-running-requests", str(options.running_limit(steps))]
+    if steps > 0:
+        argv += ["--speculative-algorithm", options.algorithm]
+    if options.model != EMULATED_MODEL:
+        argv += ["--model-name", options.model]
+    return [*argv, *adaptive, *options.extra_args(steps)]
 
 
 def _connect_host(host: str) -> str:
