@@ -70,7 +70,8 @@ class Group:
     def __init__(self, key: GroupKey) -> None:
         self.key = key
         self.steps, self.adaptive, self.capacity = key
-        self._buckets: dict[int, list[_Slot]] = {}
+        # Each bucket as (position, slot), in pool order: tuples compare in C, without the slot.
+        self._buckets: dict[int, list[tuple[int, _Slot]]] = {}
         self._levels: list[int] = []  # the levels that have members, ascending
 
     def __len__(self) -> int:
@@ -81,11 +82,11 @@ class Group:
         if bucket is None:
             bucket = self._buckets[slot.level] = []
             bisect.insort(self._levels, slot.level)
-        bisect.insort(bucket, slot)
+        bisect.insort(bucket, (slot.position, slot))
 
     def _drop(self, slot: _Slot) -> None:
         bucket = self._buckets[slot.level]
-        del bucket[bisect.bisect_left(bucket, slot)]
+        del bucket[bisect.bisect_left(bucket, (slot.position,))]
         if not bucket:
             del self._buckets[slot.level]
             del self._levels[bisect.bisect_left(self._levels, slot.level)]
@@ -93,7 +94,7 @@ class Group:
     def members(self) -> Iterator[BackendView]:
         """Every member, least loaded first (pool order within a level)."""
         for lvl in self._levels:
-            yield from (s.view for s in self._buckets[lvl])
+            yield from (s.view for _, s in self._buckets[lvl])
 
     def best(self, usable: Usable = _always, turn: int = 0) -> BackendView | None:
         """The least loaded member that `usable` accepts; among equals, the `turn`-th in pool
@@ -102,7 +103,7 @@ class Group:
             bucket = self._buckets[lvl]
             start = turn % len(bucket)
             for i in range(len(bucket)):
-                view = bucket[(start + i) % len(bucket)].view
+                view = bucket[(start + i) % len(bucket)][1].view
                 if usable(view):
                     return view
         return None
@@ -207,8 +208,12 @@ class Candidates:
 
     def bests(self, turn: int = 0) -> list[BackendView]:
         """Each group's least loaded usable member (groups with none left out)."""
-        found = (g.best(self.usable, turn) for g in self.index.groups())
-        return [b for b in found if b is not None]
+        usable, out = self.usable, []
+        for group in self.index.groups():
+            best = group.best(usable, turn)
+            if best is not None:
+                out.append(best)
+        return out
 
     def any(self) -> bool:
         return any(g.best(self.usable) is not None for g in self.index.groups())
