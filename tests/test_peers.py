@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from inprocess import Upstream, stream_of
 
 from specroute.config import load_config
-from specroute.pool import UpstreamClient
+from specroute.pool import RoutingIndex, UpstreamClient
 from specroute.pool.load import LoadMark, Share, headroom, share_of
 from specroute.pool.peers import Peers
 from specroute.pool.sharing import (
@@ -176,3 +176,15 @@ def test_peers_found_by_dns_are_read_and_dropped_when_dns_forgets_them() -> None
                 await client.aclose()
 
     asyncio.run(run())
+
+
+def test_the_pool_blends_its_own_classes_with_live_peers_and_drops_one_that_ages_out() -> None:
+    telemetry = Telemetry()
+    telemetry.acceptance.observe("m:greedy", steps=3, accept_length=2.0, verifies=100.0)
+    table = PeerTable("me", stale_after_s=10.0)
+    table.listed({"http://a"})
+    index = RoutingIndex(load_config(environ={}), telemetry, table)
+    table.read("http://a", _wire("A", 0.9, 300.0, 3.6), now=0.0)
+    blended = index.classes("me", now=1.0)["m:greedy"]
+    assert blended.accept_length[3] == pytest.approx((2.0 * 100 + 3.6 * 300) / 400)
+    assert index.classes("me", now=11.0)["m:greedy"].accept_length[3] == pytest.approx(2.0)

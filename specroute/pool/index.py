@@ -24,8 +24,14 @@ from specroute.policies.predict import iteration_time
 from specroute.pool.backend import Backend
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.pool.promtext import BackendMetrics
-from specroute.pool.sharing import IterationWire, PeerTable, blend_classes, blend_iteration
-from specroute.pool.sharing import local_estimates as _local
+from specroute.pool.sharing import (
+    EstimatesWire,
+    IterationWire,
+    PeerTable,
+    blend_classes,
+    blend_iteration,
+    class_wires,
+)
 from specroute.pool.telemetry import Telemetry
 
 __all__ = ["DECODE_LOG_INTERVAL", "RoutingIndex"]
@@ -51,7 +57,8 @@ class RoutingIndex:
         self.stale_after_s = max(replicas.scrape_stale_s, 2 * config.health.metrics_interval_s)
         self.lag_s = replicas.gauge_lag_s
         self.split = replicas.split
-        self._classes_key: tuple[object, int] | None = None
+        self._classes_of: dict[str, ClassEstimate] | None = None
+        self._classes_key: tuple[int, int] | None = None
         self._classes: dict[str, ClassEstimate] = {}
 
     def __contains__(self, name: object) -> bool:
@@ -160,16 +167,13 @@ class RoutingIndex:
     def classes(self, instance: str, now: float) -> dict[str, ClassEstimate]:
         """Acceptance and lengths per class, blended over this replica and its live peers;
         rebuilt only when either learned something."""
-        own = self._telemetry.classes()
-        key = (own, self.peers.version)
-        if key != self._classes_key:
-            peers = self.peers.live(now)
-            self._classes = (
-                dict(own)
-                if not peers
-                else dict(blend_classes([_local(self._telemetry, instance), *peers]))
-            )
-            self._classes_key = key
+        own = self._telemetry.classes()  # the same object until something is learned
+        peers = self.peers.live(now)
+        key = (self.peers.version, len(peers))  # a peer aging out changes it too
+        if own is not self._classes_of or key != self._classes_key:
+            mine = EstimatesWire(instance=instance, classes=class_wires(self._telemetry))
+            self._classes = own if not peers else blend_classes([mine, *peers])
+            self._classes_of, self._classes_key = own, key
         return self._classes
 
     def candidates(self, model: str | None, exclude: Collection[str], now: float) -> Candidates:

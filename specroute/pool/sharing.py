@@ -25,6 +25,7 @@ __all__ = [
     "Weighted",
     "blend_classes",
     "blend_iteration",
+    "class_wires",
     "local_estimates",
 ]
 
@@ -62,8 +63,8 @@ class EstimatesWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     iteration: list[IterationWire] = []
 
 
-def local_estimates(telemetry: Telemetry, instance: str) -> EstimatesWire:
-    """What this replica learned itself, with weights."""
+def class_wires(telemetry: Telemetry) -> dict[str, ClassWire]:
+    """What this replica learned of each class, with weights."""
     lengths = telemetry.lengths.classes
     classes = {}
     for name, est in telemetry.acceptance.classes.items():
@@ -74,6 +75,12 @@ def local_estimates(telemetry: Telemetry, instance: str) -> EstimatesWire:
             samples=est.samples,
             mean_tokens=None if tokens is None else Weighted(tokens.value, tokens.weight),
         )
+    return classes
+
+
+def local_estimates(telemetry: Telemetry, instance: str) -> EstimatesWire:
+    """What this replica learned itself, with weights: classes and iteration-time fits."""
+    classes = class_wires(telemetry)
     iteration = [
         IterationWire(
             backend=name,
