@@ -238,15 +238,31 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
     assert tracker.view(now).steady
 
 
-def test_acceptance_past_the_deepest_seen_depth_goes_on_decaying_as_it_did() -> None:
-    # Accept lengths at 1..3 from per-position rates 0.8, 0.6, 0.4: each rate 2/3 of the last,
-    # so positions 4 and 5 accept at 0.4 * 2/3 and 0.4 * (2/3) ** 2.
-    seen = {1: 1.8, 2: 1.8 + 0.48, 3: 1.8 + 0.48 + 0.192}
+def accept_lengths(rates: list[float], depth: int) -> float:
+    """E_depth for per-position acceptance `rates` (the last repeats)."""
+    total, run = 1.0, 1.0
+    for j in range(depth):
+        run *= rates[min(j, len(rates) - 1)]
+        total += run
+    return total
+
+
+def test_acceptance_between_and_past_the_depths_seen_follows_a_fitted_decay() -> None:
+    # Rates 0.8, 0.6, 0.45, ... (each 3/4 of the last): seen at depths 1 and 3, exact anywhere.
+    decaying = [0.8 * 0.75**j for j in range(8)]
+    seen = {1: accept_lengths(decaying, 1), 3: accept_lengths(decaying, 3)}
     est = Estimates(depths={}, classes={SAMPLED: ClassEstimate(alpha=0.6, accept_length=seen)})
-    assert est.accept_length(SAMPLED, 3) == pytest.approx(seen[3])
-    a4, a5 = 0.4 * 2 / 3, 0.4 * (2 / 3) ** 2
-    assert est.accept_length(SAMPLED, 5) == pytest.approx(seen[3] + 0.192 * a4 * (1 + a5))
-    # A constant rate stays constant; an unseen class falls back to the prior alpha.
+    for depth in (2, 5, 7):
+        assert est.accept_length(SAMPLED, depth) == pytest.approx(accept_lengths(decaying, depth))
+    # Hot sampling on the seed profile (0.84, 0.60, 0.39, 0.27): depths 1 and 7 seen, the rest
+    # within 2%; a constant rate stays constant; an unseen class takes the prior alpha.
+    hot = [0.84, 0.60, 0.39, 0.27]
+    seen = {1: accept_lengths(hot, 1), 7: accept_lengths(hot, 7)}
+    est = Estimates(depths={}, classes={SAMPLED: ClassEstimate(alpha=0.6, accept_length=seen)})
+    for depth in range(2, 7):
+        assert est.accept_length(SAMPLED, depth) == pytest.approx(
+            accept_lengths(hot, depth), rel=0.02
+        )
     flat = {1: expected_tokens(0.9, 1), 2: expected_tokens(0.9, 2)}
     est = Estimates(depths={}, classes={GREEDY: ClassEstimate(alpha=0.9, accept_length=flat)})
     assert est.accept_length(GREEDY, 6) == pytest.approx(expected_tokens(0.9, 6))

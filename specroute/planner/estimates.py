@@ -1,17 +1,17 @@
 """What the planner knows of each depth and each workload class: R(k) and T(b, k) per depth
 (bench priors corrected by what the running depths show), E_k per class, measured where seen
-and extrapolated past the deepest depth seen."""
+and elsewhere from a two-number curve of per-position acceptance fitted to what was seen."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 
 from specroute.policies import ClassEstimate
-from specroute.speculation import PRIOR_ALPHA, alpha_from_accept_length, expected_tokens
+from specroute.speculation import PRIOR_ALPHA, alpha_from_accept_length
 
-__all__ = ["DepthEstimate", "Estimates", "calibrated"]
+__all__ = ["Curve", "DepthEstimate", "Estimates", "calibrated", "fit_curve"]
 
 
 class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,6 +48,59 @@ def calibrated(
     }
 
 
+class Curve(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-position acceptance `a_j = first * decay ** (j - 1)` (at most 1): E_k from two
+    numbers, fitted to the shallowest and deepest depths measured; measured depths as seen."""
+
+    first: float
+    decay: float
+    seen: dict[int, float] = msgspec.field(default_factory=dict)
+
+    def at(self, steps: int) -> float:
+        if steps <= 0:
+            return 1.0
+        measured = self.seen.get(steps)
+        return measured if measured is not None else _curve(self.first, self.decay, steps)
+
+
+def _curve(first: float, decay: float, steps: int) -> float:
+    total, run, rate = 1.0, 1.0, first
+    for _ in range(steps):
+        run *= min(1.0, rate)
+        total += run
+        rate *= decay
+    return total
+
+
+def _bisect(f: Callable[[float], float], low: float, high: float) -> float:
+    """The x in [low, high] where the increasing `f` crosses 0 (an end if it does not)."""
+    if f(low) >= 0:
+        return low
+    if f(high) <= 0:
+        return high
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if f(mid) < 0 else (low, mid)
+    return (low + high) / 2
+
+
+def fit_curve(seen: Mapping[int, float], alpha: float) -> Curve:
+    """The curve through the shallowest and deepest measured accept lengths (a constant rate,
+    `alpha`'s if nothing was measured, when only one depth was)."""
+    depths = sorted(k for k in seen if k > 0)
+    if not depths:
+        return Curve(first=alpha, decay=1.0)
+    lo, hi = depths[0], depths[-1]
+    if lo == hi:
+        return Curve(first=alpha_from_accept_length(seen[lo], lo), decay=1.0, seen=dict(seen))
+
+    def first_for(decay: float) -> float:
+        return _bisect(lambda a: _curve(a, decay, lo) - seen[lo], 0.0, 1.0)
+
+    decay = _bisect(lambda q: _curve(first_for(q), q, hi) - seen[hi], 0.05, 1.0)
+    return Curve(first=first_for(decay), decay=decay, seen=dict(seen))
+
+
 class Estimates(msgspec.Struct, frozen=True, kw_only=True):
     """The estimators the planner reads: every depth it may assign, acceptance per class."""
 
@@ -55,46 +108,13 @@ class Estimates(msgspec.Struct, frozen=True, kw_only=True):
     classes: dict[str, ClassEstimate] = msgspec.field(default_factory=dict)
     prior_alpha: float = PRIOR_ALPHA
 
-    def accept_length(self, klass: str, steps: int) -> float:
-        """E_k for `klass`: measured at that depth if seen; past the deepest seen depth, the
-        per-position acceptance goes on decaying as it did; else from the class's alpha (the
-        prior's if the class is unseen)."""
-        if steps <= 0:
-            return 1.0
+    def curve(self, klass: str) -> Curve:
+        """`klass`'s acceptance by depth; an unseen class at the prior's constant rate."""
         est = self.classes.get(klass)
         if est is None:
-            return expected_tokens(self.prior_alpha, steps)
-        seen = est.accept_length
-        if steps in seen:
-            return seen[steps]
-        deeper = [d for d in seen if d > steps]
-        if deeper:
-            d = min(deeper)
-            return expected_tokens(alpha_from_accept_length(seen[d], d), steps)
-        if not seen:
-            return expected_tokens(est.alpha, steps)
-        return _extrapolate(seen, max(seen), steps)
+            return Curve(first=self.prior_alpha, decay=1.0)
+        return fit_curve(est.accept_length, est.alpha)
 
-
-def _extrapolate(seen: Mapping[int, float], d: int, steps: int) -> float:
-    """E_steps from E_d: each further position accepts at the last seen position's rate times
-    the ratio of the last two positions' rates (acceptance decays with draft position)."""
-    lengths = {-1: 0.0, 0: 1.0, **seen}
-    if d - 1 not in lengths:
-        return expected_tokens(alpha_from_accept_length(lengths[d], d), steps)
-
-    def rate(j: int) -> float | None:
-        """Acceptance of draft position j given j - 1 were accepted, where seen."""
-        if j - 2 not in lengths or lengths[j - 1] - lengths[j - 2] <= 0:
-            return None
-        return (lengths[j] - lengths[j - 1]) / (lengths[j - 1] - lengths[j - 2])
-
-    last, before = rate(d), rate(d - 1) if d > 1 else None
-    last = min(1.0, max(0.0, last if last is not None else 0.0))
-    decay = min(1.0, last / before) if before else 1.0
-    total, term, r = lengths[d], lengths[d] - lengths[d - 1], last
-    for _ in range(steps - d):
-        r *= decay
-        term *= r
-        total += term
-    return total
+    def accept_length(self, klass: str, steps: int) -> float:
+        """E_k for `klass`: measured at that depth if seen, else from its fitted curve."""
+        return self.curve(klass).at(steps)

@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from specroute.planner.estimates import Estimates
+from specroute.planner.estimates import Curve, Estimates
 
 __all__ = [
     "Forecast",
@@ -79,12 +79,16 @@ class Physics:
         self.est = est
         self.depths = est.depths
         self._e: dict[tuple[str, int], float] = {}
+        self._curves: dict[str, Curve] = {}
 
     def e(self, klass: str, steps: int) -> float:
         key = (klass, steps)
         value = self._e.get(key)
         if value is None:
-            value = self._e[key] = self.est.accept_length(klass, steps)
+            curve = self._curves.get(klass)
+            if curve is None:
+                curve = self._curves[klass] = self.est.curve(klass)
+            value = self._e[key] = curve.at(steps)
         return value
 
     def time(self, steps: int, batch: float) -> float:

@@ -259,8 +259,9 @@ class Planner:
         now_fc: Forecast,
         regime: Regime,
     ) -> _Candidate:
-        """A target's changes (cheapest first), its restart cost and its gain once they are
-        done: restarts go `max_unavailable` at a time, each a drain plus a start-up."""
+        """A target's changes (cheapest first), its restart cost and its gain: restarts go
+        `max_unavailable` at a time, each a drain plus a start-up, and the gain arrives as they
+        are done (counted from the mean of the rounds' ends)."""
         o = self.options
         changes = sorted(
             (
@@ -273,7 +274,7 @@ class Planner:
         )  # fmt: skip
         restart_s = max(s.startup_s for s in servers) + o.drain_s
         rounds = math.ceil(len(changes) / o.max_unavailable)
-        useful_s = max(0.0, regime.expected_remaining_s - rounds * restart_s)
+        useful_s = max(0.0, regime.expected_remaining_s - (rounds + 1) / 2 * restart_s)
         return _Candidate(
             settings=settings,
             forecast=fc,
