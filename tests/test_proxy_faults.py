@@ -176,10 +176,12 @@ def test_backend_dying_on_request_is_retried_elsewhere(tmp_path: Path) -> None:
 
 
 def test_unhealthy_backend_is_taken_out_and_brought_back(tmp_path: Path) -> None:
-    slow_start = start_emulator(3, *FAST, "--not-ready-for", "2", ready_path=None)
+    # Not ready for longer than a proxy takes to start on a loaded machine, so the proxy is
+    # seen refusing first; then it must notice the backend come up without a restart.
+    slow_start = start_emulator(3, *FAST, "--not-ready-for", "8", ready_path=None)
     with slow_start as backend, serve(tmp_path, [backend], ready="/health") as proxy:
         assert httpx.get(proxy.url + "/ready").status_code == 503
-        wait_for(lambda: healthy(proxy) == [True])
+        wait_for(lambda: healthy(proxy) == [True], timeout=30)
         assert httpx.get(proxy.url + "/ready").status_code == 200
         port = backend.port
         backend.kill()

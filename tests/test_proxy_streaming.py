@@ -161,3 +161,41 @@ def test_greedy_as_sglang_decides_it(sampling: bytes, klass: str) -> None:
     assert route_request("generate", decode_fields("generate", generate), None).workload_class == (
         f"-:{klass}"
     )
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b'{"model":"m","messages":[],"max_tokens":"64"}', "max_tokens"),
+        (b'{"messages":[]}', "model"),
+        (
+            b'{"model":"m","messages":[],"stream_options":{"include_usage":3}}',
+            "stream_options.include_usage",
+        ),
+    ],
+)
+def test_a_wrongly_typed_field_is_named_as_openai_param(body: bytes, param: str) -> None:
+    from specroute.errors import BadRequestError
+    from specroute.proxy.intake import decode_fields
+
+    with pytest.raises(BadRequestError) as caught:
+        decode_fields("chat", body)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"status_code":413,"detail":"Request Entity Too Large"}', "Request Entity Too Large"),
+        (b"Request Entity Too Large\r\n", "backend answered 413: Request Entity Too Large"),
+        (b'{"object":"error","message":"prompt too long","code":413}', "prompt too long"),
+        (b"", "backend answered 413"),
+    ],
+)
+def test_a_backend_refusal_reaches_the_client_with_the_backend_reason(
+    body: bytes, reason: str
+) -> None:
+    from specroute.proxy.relay import upstream_error
+
+    error = upstream_error(413, body)
+    assert (str(error), error.status) == (reason, 413)

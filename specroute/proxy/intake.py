@@ -369,11 +369,14 @@ def decode_fields(route: str, body: bytes) -> RoutingFields | GenerateFields:
 
 
 def _param(message: str) -> str | None:
-    """The field msgspec blames, as OpenAI's `param` (`missing required field `model``)."""
+    """The field msgspec blames, as OpenAI's `param`: the path after "at" (`Expected `int |
+    null`, got `str` - at `$.max_tokens``), else a missing field's name."""
+    at = message.rpartition(" - at `")[2] if " - at `" in message else None
+    if at is not None:
+        return at.rstrip("`").removeprefix("$.") or None
     if "`" not in message:
         return None
-    name = message.split("`")[1]
-    return name.removeprefix("$.") or None
+    return message.split("`")[1].removeprefix("$.") or None
 
 
 def route_request(

@@ -363,10 +363,15 @@ def upstream_error(status: int, body: bytes) -> UpstreamError:
     try:
         data = _upstream_error.decode(body)
     except msgspec.DecodeError:
-        data = {}
+        # A plain-text refusal (a server's or a load balancer's own page): its first line is
+        # the reason, so the client learns why and not only that.
+        text = body[:300].decode("utf-8", "replace").strip().splitlines()
+        data = {"message": f"{message}: {text[0][:200]}"} if text and text[0].isprintable() else {}
     detail = data.get("error", data)
     if isinstance(detail, dict):
-        message = str(detail.get("message") or message)
+        # OpenAI's and SGLang's {"message"}, or FastAPI's (and Litestar's) {"detail"}.
+        reason = detail.get("message") or detail.get("detail")
+        message = str(reason) if isinstance(reason, str) and reason else message
         kind = detail.get("type")
     elif isinstance(detail, str):
         message = detail
