@@ -5,7 +5,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import structlog
 from servers import Server, start_emulator
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Commands run in-process configure structlog for good (cached loggers, a level filter):
+    each test starts from the defaults, and nothing caches, so `capture_logs` sees every event."""
+    real = structlog.configure
+
+    def uncached(**settings: object) -> None:
+        real(**{**settings, "cache_logger_on_first_use": False})
+
+    monkeypatch.setattr(structlog, "configure", uncached)
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")
