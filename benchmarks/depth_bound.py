@@ -181,25 +181,75 @@ def _cell(c: Cell) -> str:
     return f"{c[0]:6.0f} / {c[1]:5.1f} / {c[2]:5.1f}"
 
 
+BLOCK = 4
+"""Traces of more phases than `MAX_COLUMNS` are tabled in blocks of this many phases."""
+MAX_COLUMNS = 6
+
+
+def _columns(phases: list[tuple[str, float, float]]) -> list[tuple[str, float, float, list[int]]]:
+    """Table columns: each phase, or blocks of `BLOCK` phases when there are many."""
+    if len(phases) <= MAX_COLUMNS:
+        return [(n, s, e, [i]) for i, (n, s, e) in enumerate(phases)]
+    out = []
+    for i in range(0, len(phases), BLOCK):
+        group = phases[i : i + BLOCK]
+        name = f"{group[0][0].split('-')[0]}..{group[-1][0].split('-')[0]}"
+        out.append((name, group[0][1], group[-1][2], list(range(i, i + len(group)))))
+    return out
+
+
 def report(profile: str, trace: str, results: dict[str, SimResult]) -> list[str]:
     startup = get_profile(profile).startup_s
     env = envelope(results, startup)
     phases = results["auto"].phases
     total = phases[-1][2]
+    columns = _columns(phases)
     lines = [f"## {profile} / {trace} ({total / 3600:.1f} h)", ""]
-    header = " | ".join(n for n, _, _ in phases)
-    lines += [f"| pool | whole trace | {header} |", "|---" * (len(phases) + 2) + "|"]
+    header = " | ".join(n for n, _, _, _ in columns)
+    lines += [f"| pool | whole trace | {header} |", "|---" * (len(columns) + 2) + "|"]
     for pool, r in results.items():
-        cells = " | ".join(_cell(r.window(s, e)) for _, s, e in phases)
+        cells = " | ".join(_cell(r.window(s, e)) for _, s, e, _ in columns)
         lines.append(f"| {pool} | **{_cell(r.window(0, total))}** | {cells} |")
     auto = results["auto"]
-    cells = " | ".join(_cell(auto.window(s, e)) for s, e in settled(auto))
-    lines.append(f"| auto, settled | | {cells} |")
-    cells = " | ".join(f"{_cell(c)} {p}" for c, p in zip(env.phases, env.picks, strict=True))
+    if len(columns) == len(phases):
+        cells = " | ".join(_cell(auto.window(s, e)) for s, e in settled(auto))
+        lines.append(f"| auto, settled | | {cells} |")
+    cells = " | ".join(
+        f"{_cell(_block(env, idx, phases))} {'/'.join(dict.fromkeys(env.picks[i] for i in idx))}"
+        for _, _, _, idx in columns
+    )
     lines.append(f"| envelope | **{_cell(env.whole)}** | {cells} |")
     lines.append("")
+    if len(columns) < len(phases):
+        lines += _hours(results, env)
     lines += _verdicts(trace, results, env, total)
     return lines
+
+
+def _block(env: Envelope, idx: list[int], phases: list[tuple[str, float, float]]) -> Cell:
+    """The envelope over several phases: tokens summed; per-request figures by duration."""
+    spans = [phases[i][2] - phases[i][1] for i in idx]
+    weights = [d / sum(spans) for d in spans]
+    return tuple(sum(w * env.phases[i][j] for w, i in zip(weights, idx, strict=True))
+                 for j in range(3))  # type: ignore[return-value]  # fmt: skip
+
+
+def _hours(results: dict[str, SimResult], env: Envelope) -> list[str]:
+    """Phase by phase: auto, the best alternative of the phase, the envelope's pick."""
+    auto = results["auto"]
+    lines = [
+        "| phase | auto | best of the phase | envelope | auto's restarts |",
+        "|---|---|---|---|---|",
+    ]
+    for i, (name, start, end) in enumerate(auto.phases):
+        alts = {p: r.window(start, end) for p, r in results.items() if p != "auto"}
+        best = max(alts, key=lambda p: alts[p][0])
+        moves = [
+            f"{r.server} {r.before}->{r.after}" for r in auto.restarts if start <= r.began < end
+        ]
+        lines.append(f"| {name} | {_cell(auto.window(start, end))} | {best} {_cell(alts[best])} | "
+                     f"{env.picks[i]} {_cell(env.phases[i])} | {', '.join(moves)} |")  # fmt: skip
+    return [*lines, ""]
 
 
 def _verdicts(trace: str, results: dict[str, SimResult], env: Envelope, total: float) -> list[str]:
@@ -218,6 +268,9 @@ def _verdicts(trace: str, results: dict[str, SimResult], env: Envelope, total: f
         f"({agg / b_agg - 1:+.1%}); envelope {env.whole[0]:.0f} ({env.whole[0] / b_agg - 1:+.1%});"
         f" headroom captured {capture:.0%}; mean per-request {avg:.1f} vs {b_avg:.1f}",
     ]
+    fixed = max((p for p in alts if p.startswith("k")), key=lambda p: alts[p][0])
+    lines.append(f"- against the best fixed pool, {fixed} ({alts[fixed][0]:.0f} tok/s): "
+                 f"{agg / alts[fixed][0] - 1:+.1%}")  # fmt: skip
     if len(auto.restarts) <= 24:
         steps = ", ".join(f"{r.began:.0f}s {r.server} {r.before}->{r.after}" for r in auto.restarts)
         lines.append(f"- auto's restarts: {steps or 'none'}")

@@ -1,6 +1,6 @@
 """What the planner knows of each depth and each workload class: R(k) and T(b, k) per depth
-(bench priors corrected by what the running depths show), E_k per class, measured where seen
-and elsewhere from a two-number curve of per-position acceptance fitted to what was seen."""
+(bench priors corrected by what the running depths show), and E_k per class from a two-number
+curve of per-position acceptance fitted to the depths measured."""
 
 from __future__ import annotations
 
@@ -49,56 +49,57 @@ def calibrated(
 
 
 class Curve(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-position acceptance `a_j = first * decay ** (j - 1)` (at most 1): E_k from two
-    numbers, fitted to the shallowest and deepest depths measured; measured depths as seen."""
+    """Per-position acceptance `a_j = first * decay ** (j - 1)` (at most 1): E_k at every
+    depth from two numbers, least-squares fitted to the depths measured. Planning compares
+    depths with each other, so one smooth curve beats a thinly sampled depth's own mean."""
 
     first: float
     decay: float
-    seen: dict[int, float] = msgspec.field(default_factory=dict)
 
     def at(self, steps: int) -> float:
-        if steps <= 0:
-            return 1.0
-        measured = self.seen.get(steps)
-        return measured if measured is not None else _curve(self.first, self.decay, steps)
+        total, run, rate = 1.0, 1.0, self.first
+        for _ in range(max(0, steps)):
+            run *= min(1.0, rate)
+            total += run
+            rate *= self.decay
+        return total
 
 
-def _curve(first: float, decay: float, steps: int) -> float:
-    total, run, rate = 1.0, 1.0, first
-    for _ in range(steps):
-        run *= min(1.0, rate)
-        total += run
-        rate *= decay
-    return total
-
-
-def _bisect(f: Callable[[float], float], low: float, high: float) -> float:
-    """The x in [low, high] where the increasing `f` crosses 0 (an end if it does not)."""
-    if f(low) >= 0:
-        return low
-    if f(high) <= 0:
-        return high
-    for _ in range(40):
-        mid = (low + high) / 2
-        low, high = (mid, high) if f(mid) < 0 else (low, mid)
-    return (low + high) / 2
+def _least(f: Callable[[float], float], low: float, high: float) -> float:
+    """The x in [low, high] where the unimodal `f` is least (golden-section search)."""
+    ratio = (5**0.5 - 1) / 2
+    a, b = low, high
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(24):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = f(d)
+    return (a + b) / 2
 
 
 def fit_curve(seen: Mapping[int, float], alpha: float) -> Curve:
-    """The curve through the shallowest and deepest measured accept lengths (a constant rate,
-    `alpha`'s if nothing was measured, when only one depth was)."""
-    depths = sorted(k for k in seen if k > 0)
-    if not depths:
-        return Curve(first=alpha, decay=1.0)
-    lo, hi = depths[0], depths[-1]
-    if lo == hi:
-        return Curve(first=alpha_from_accept_length(seen[lo], lo), decay=1.0, seen=dict(seen))
+    """The curve closest to the measured accept lengths (a constant rate when one depth or
+    none was measured: that depth's, else `alpha`)."""
+    depths = [k for k in sorted(seen) if k > 0]
+    if len(depths) < 2:
+        rate = alpha_from_accept_length(seen[depths[0]], depths[0]) if depths else alpha
+        return Curve(first=rate, decay=1.0)
+
+    def error(first: float, decay: float) -> float:
+        curve = Curve(first=first, decay=decay)
+        return sum((curve.at(k) - seen[k]) ** 2 for k in depths)
 
     def first_for(decay: float) -> float:
-        return _bisect(lambda a: _curve(a, decay, lo) - seen[lo], 0.0, 1.0)
+        return _least(lambda a: error(a, decay), 0.0, 1.0)
 
-    decay = _bisect(lambda q: _curve(first_for(q), q, hi) - seen[hi], 0.05, 1.0)
-    return Curve(first=first_for(decay), decay=decay, seen=dict(seen))
+    decay = _least(lambda q: error(first_for(q), q), 0.05, 1.0)
+    return Curve(first=first_for(decay), decay=decay)
 
 
 class Estimates(msgspec.Struct, frozen=True, kw_only=True):
@@ -116,5 +117,5 @@ class Estimates(msgspec.Struct, frozen=True, kw_only=True):
         return fit_curve(est.accept_length, est.alpha)
 
     def accept_length(self, klass: str, steps: int) -> float:
-        """E_k for `klass`: measured at that depth if seen, else from its fitted curve."""
+        """E_k for `klass`, from its fitted curve."""
         return self.curve(klass).at(steps)
