@@ -17,6 +17,8 @@ import pytest
 from inprocess import Send, Upstream
 from servers import Server, run_server, start_emulator
 
+from specroute.config import BackendConfig, Config
+from specroute.pool import Pool, UpstreamClient
 from specroute.proxy.intake import served_name
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
@@ -204,3 +206,20 @@ async def _post_all(upstream: Upstream, bodies: list[bytes]) -> list[int]:
             await client.post("/v1/chat/completions", content=b, headers=headers) for b in bodies
         ]
     return [r.status_code for r in replies]
+
+
+def test_the_pools_names_follow_backends_that_list_new_ones_come_or_go() -> None:
+    config = Config(
+        backends=tuple(
+            BackendConfig(url=f"http://127.0.0.1:{10000 + i}", name=f"b{i}") for i in range(2)
+        )
+    )
+    pool = Pool(config, UpstreamClient(config.timeouts, config.client))
+    for backend in pool.backends:
+        backend.apply_server_info({"served_model_name": "qwen"})
+    assert pool.known_models() == {"qwen"}
+    pool.backends[1].apply_models({"data": [{"id": "qwen"}, {"id": "sql", "parent": "qwen"}]})
+    assert pool.known_models() == {"qwen", "sql"}
+    assert pool.base_models() == {"qwen"}
+    pool.remove_backend("b1")
+    assert pool.known_models() == {"qwen"}

@@ -58,8 +58,12 @@ class Backend:
         self.metrics = BackendMetrics()
 
     # Discovery ---------------------------------------------------------------------------
+    names_changed = 0
+    """Counts changes to any backend's model names, so the pool keeps their union until one."""
+
     def apply_server_info(self, info: dict[str, Any]) -> None:
         """Depth, algorithm, capacity and model from SGLang's /server_info."""
+        Backend.names_changed += 1
         self.server_info = info
         algorithm = info.get("speculative_algorithm")
         self.algorithm = algorithm if isinstance(algorithm, str) else None
@@ -73,6 +77,7 @@ class Backend:
 
     def apply_models(self, body: dict[str, Any]) -> None:
         cards = body.get("data")
+        Backend.names_changed += 1
         if isinstance(cards, list):
             self.model_cards = tuple(c for c in cards if isinstance(c, dict) and "id" in c)
 

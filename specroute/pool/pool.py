@@ -90,6 +90,8 @@ class Pool:
             for b in static_entries(config.backends)
         )
         self.by_name = {b.name: b for b in self.backends}
+        self._names_key: tuple[tuple[Backend, ...], int] | None = None
+        self._names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self.telemetry = prior_telemetry(config.prior.path)
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
@@ -200,17 +202,31 @@ class Pool:
         backend.breaker.on_stall(time.monotonic())
         self.notify()
 
-    def known_models(self) -> set[str]:
+    def known_models(self) -> frozenset[str]:
         """Every name the backends list: their models and any LoRA adapters they loaded."""
-        return set().union(*(b.models for b in self.backends)) if self.backends else set()
+        return self._model_names()[0]
 
-    def base_models(self) -> set[str]:
+    def base_models(self) -> frozenset[str]:
         """The models the backends serve, without the LoRA adapters SGLang lists beside them
         (their cards name a `parent`)."""
-        names = {b.model for b in self.backends if b.model}
-        for backend in self.backends:
-            names.update(str(c["id"]) for c in backend.model_cards if not c.get("parent"))
-        return names
+        return self._model_names()[1]
+
+    def _model_names(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(known, base), kept until a backend comes, goes or lists other names: every request
+        reads them, and the union over a pool of hundreds costs more than the decision."""
+        key = (self.backends, Backend.names_changed)
+        if (
+            self._names_key is None
+            or self._names_key[0] is not key[0]
+            or self._names_key[1] != key[1]
+        ):
+            known = frozenset().union(*(b.models for b in self.backends))
+            base = {b.model for b in self.backends if b.model}
+            for backend in self.backends:
+                base.update(str(c["id"]) for c in backend.model_cards if not c.get("parent"))
+            self._names = (known, frozenset(base))
+            self._names_key = key
+        return self._names
 
     def notify(self) -> None:
         """Wake requests waiting for a free slot."""
