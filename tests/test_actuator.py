@@ -157,6 +157,13 @@ def test_traffic_splits_in_flight_by_recent_completions() -> None:
     assert queued == 2.0
 
 
+def test_traffic_counts_every_replicas_requests_from_the_combined_load() -> None:
+    answer = pool_answer({"g": 1})
+    answer["backends"][1]["combined"] = 9  # type: ignore[index]  # 9 there, none of them ours
+    loads, _ = Traffic().sample(answer)
+    assert sum(loads.values()) == 15.0  # this replica's 6 on "a" and every replica's 9 on "b"
+
+
 def test_estimates_cover_every_allowed_depth_from_the_nearest_fit() -> None:
     est = estimates(pool_answer({"g": 1}), (0, 1, 2, 3, 5), lambda k: 48)
     assert est is not None

@@ -15,9 +15,10 @@ __all__ = ["Traffic", "estimates", "fits_by_depth"]
 
 
 class Traffic:
-    """Requests in flight per class. The proxy counts in flight per backend, not per class,
-    so the total is split by the classes' recent completions weighted by their mean length:
-    by Little's law, what is in flight of a class is its rate times its duration."""
+    """Requests in flight per class, every replica's (each backend's combined load). The proxy
+    counts in flight per backend, not per class, so the total is split by the classes' recent
+    completions weighted by their mean length: by Little's law, what is in flight of a class
+    is its rate times its duration."""
 
     def __init__(self) -> None:
         self._seen: dict[str, int] = {}
@@ -26,7 +27,7 @@ class Traffic:
     def sample(self, pool: Mapping[str, Any]) -> tuple[dict[str, float], float]:
         """(in flight per class, queued) from one /pool answer."""
         backends = pool.get("backends") or []
-        total = float(sum(int(b.get("in_flight") or 0) for b in backends))
+        total = float(sum(_load(b) for b in backends))
         classes = (pool.get("estimates") or {}).get("classes") or {}
         weights = {}
         for name, est in classes.items():
@@ -42,6 +43,13 @@ class Traffic:
         if not self.shares:
             return ({"unknown": total} if total else {}), queued
         return {c: total * s for c, s in self.shares.items()}, queued
+
+
+def _load(backend: Mapping[str, Any]) -> int:
+    """A backend's requests from every proxy replica (its last scrape plus this replica's
+    changes since), or this replica's own while no fresh scrape says more."""
+    combined = backend.get("combined")
+    return int(combined if combined is not None else backend.get("in_flight") or 0)
 
 
 def fits_by_depth(backends: Sequence[Mapping[str, Any]]) -> dict[int, tuple[float, float, int]]:
