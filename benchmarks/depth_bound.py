@@ -26,6 +26,8 @@ import hashlib
 import itertools
 import math
 import multiprocessing
+import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,6 +120,10 @@ def _run(job: Job) -> tuple[str, str, SimResult]:
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(result))
     return profile, trace, result
+
+
+def _numbered(job: tuple[int, Job]) -> tuple[int, tuple[str, str, SimResult]]:
+    return job[0], _run(job[1])
 
 
 def _servers_changed(a: str, b: str) -> int:
@@ -305,10 +311,16 @@ def main() -> None:
     chosen = args.pool or list(pools())
     jobs = [(p, t, pool, args.scale, args.seed, args.fresh) for p in args.profile or PROFILES
             for t in args.trace or TRACES for pool in chosen]  # fmt: skip
-    with multiprocessing.Pool(args.jobs) as workers:
-        done = workers.map(_run, jobs, chunksize=1)
+    done: dict[int, tuple[str, str, SimResult]] = {}
+    started = time.monotonic()
+    with multiprocessing.Pool(args.jobs) as workers:  # progress on stderr, the report on stdout
+        for i, out in workers.imap_unordered(_numbered, enumerate(jobs), chunksize=1):
+            done[i] = out
+            print(f"[{len(done)}/{len(jobs)}] {out[0]} {out[1]} {out[2].pool} "
+                  f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     grouped: dict[tuple[str, str], dict[str, SimResult]] = {}
-    for profile, trace, result in done:  # in the order of `pools()`
+    for i in range(len(jobs)):  # in the order of `pools()`
+        profile, trace, result = done[i]
         grouped.setdefault((profile, trace), {})[result.pool] = result
     for (profile, trace), results in grouped.items():
         print("\n".join(report(profile, trace, results)))
