@@ -56,7 +56,10 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     overcommit: float = 2.0
     """A server's admission limit as a multiple of its capacity, when it did not say."""
     peak_concurrency: float | None = None
-    """Load the pool must stay reconfigurable under (else: the highest seen)."""
+    """Load the pool must stay reconfigurable under: a pool all deep would be stuck there,
+    since no server could restart while the others hold that load. None: the slots of the
+    pool as the planner first saw it (what the operator launched, sized for the peak) or the
+    highest load seen, whichever is more."""
     regime_prior_s: float = 1800.0
     """The operator's prior for how long a load regime lasts, before any has been seen."""
     regime_prior_weight: float = 1.0
@@ -144,6 +147,8 @@ class Planner:
             prior_s=o.regime_prior_s,
             prior_weight=o.regime_prior_weight,
         )
+        self._launched: float | None = None
+        """The slots of the pool at its first plan: the peak it was sized for."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
@@ -162,6 +167,8 @@ class Planner:
         regime = self.regimes.view(now)
         users = user_counts(regime.concurrency, regime.shares)
         phys = Physics(est)
+        if self._launched is None and all(s.setting.deepest in phys.depths for s in servers):
+            self._launched = sum(phys.depths[s.setting.deepest].capacity for s in servers)
         now_fc = self._forecast([s.setting for s in servers], users, phys)
         why = _unsettled(regime, o.settle_s, users)
         if why:
@@ -216,7 +223,8 @@ class Planner:
         o = self.options
         current = tuple(s.setting for s in servers)
         choices = [c for c in self.choices if c.deepest in phys.depths]
-        peak = max(o.peak_concurrency or 0.0, regime.peak_concurrency)
+        sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
+        peak = max(sized_for, regime.peak_concurrency)
         lost = [self._loss(servers, i, users, phys, now_fc) for i in range(len(servers))]
         best: _Candidate | None = None
         gaining: _Candidate | None = None
