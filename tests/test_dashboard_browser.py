@@ -124,7 +124,7 @@ def test_dashboard_shows_live_numbers_that_change_under_load(demo: str, tmp_path
             page.on("pageerror", lambda exc: errors.append(str(exc)))
             page.goto(demo + "/dashboard")
             page.wait_for_selector("#status.live")
-            page.wait_for_function("document.querySelectorAll('[data-backend]').length === 3")
+            page.wait_for_function("() => document.querySelectorAll('[data-backend]').length === 3")
             badges = page.eval_on_selector_all(
                 ".card h3 .badge", "els => els.map(e => e.textContent)"
             )
@@ -174,7 +174,7 @@ def _relayed_and_server_rates_are_explained(page: playwright.Page) -> None:
     assert "relayed" in legend
     assert "gen_throughput" in legend
     page.wait_for_function(
-        "[...document.querySelectorAll('[data-metric=tok_s] small')]"
+        "() => [...document.querySelectorAll('[data-metric=tok_s] small')]"
         ".some((e) => e.textContent.includes('server'))"
     )
     for number in page.query_selector_all("[data-metric=tok_s]"):
@@ -217,4 +217,6 @@ def _switch_policy_from_the_page(page: playwright.Page, url: str) -> None:
     page.wait_for_selector("#switch-msg.ok")
     assert "throughput" in (page.text_content("#switch-msg") or "")
     assert httpx.get(url + "/policy", timeout=10).json()["policy"] == "throughput"
-    page.wait_for_function("document.querySelector('#policy-name').textContent === 'throughput'")
+    page.wait_for_function(
+        "() => document.querySelector('#policy-name').textContent === 'throughput'"
+    )

@@ -65,8 +65,10 @@ def test_the_panel_shows_the_plan_each_servers_state_and_the_history(emulator: S
             try:
                 page = browser.new_page()
                 page.goto(proxy.url + "/dashboard")
+                # A function, not an expression: polling an expression evals it, which the
+                # dashboard's CSP (no unsafe-eval) refuses once it is not true at once.
                 page.wait_for_function(
-                    "document.getElementById('plan-verdict').textContent === 'reconfigure'"
+                    "() => document.getElementById('plan-verdict').textContent === 'reconfigure'"
                 )
                 reason = page.text_content("#plan-reason") or ""
                 mode = page.text_content("#plan-mode") or ""
