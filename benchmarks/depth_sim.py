@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -26,6 +26,7 @@ from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.bench.workload import Sampling
 from specroute.emulator.engine import Engine, Iteration
+from specroute.launch.reconfigure_flags import planner_fields
 from specroute.planner import (
     DepthEstimate,
     Estimates,
@@ -101,6 +102,7 @@ class DepthSim(PoolSim):
         tick_s: float = 2.0,
         plan_every: int = 5,
         options: PlannerOptions | None = None,
+        planner: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(profile, [s.steps for s in spec.settings], create(spec.policy), seed=seed)
         configs = adaptive_configs().values()
@@ -118,6 +120,9 @@ class DepthSim(PoolSim):
         # The operator sized the launch pool for its peak: keep it reconfigurable there.
         sized_for = sum(n.engine.max_running_requests for n in self.nodes)
         base = options or PlannerOptions(adaptive=tuple(self.configs), peak_concurrency=sized_for)
+        if planner:  # `--planner-option K=V`, as `specroute launch` takes them
+            given = msgspec.convert(dict(planner), PlannerOptions, strict=False)
+            base = msgspec.structs.replace(base, **{k: getattr(given, k) for k in planner})
         self.planner = Planner(base) if spec.planner else None
         self.users_now = 0
         self.mix: list[Sampling] = []
@@ -371,11 +376,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--restart", action="append", type=parse_restart, default=[],
                         metavar="T:SERVER:kK", help="a manual restart, e.g. 600:1:k7")  # fmt: skip
+    parser.add_argument("--planner-option", action="append", default=[], metavar="K=V",
+                        help="a planner setting, as `specroute launch` takes it")  # fmt: skip
     args = parser.parse_args()
+    planner = planner_fields(args.planner_option)
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
         r = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
-                     manual=args.restart, startup_s=args.startup)  # fmt: skip
+                     manual=args.restart, startup_s=args.startup, planner=planner)  # fmt: skip
         agg, avg, p10 = r.window(0.0, r.phases[-1][2])
         cells = " ".join(f"{r.window(s, e)[0]:7.0f}" for _, s, e in r.phases)
         print(f"{pool:12} total {agg:7.0f} mean {avg:6.1f} p10 {p10:6.1f} | {cells}")
