@@ -4,9 +4,10 @@ suffers. One sampler for the proxy's `/metrics` and the bench client's self-chec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
+
+from specroute.tasks import cancel
 
 __all__ = ["LoopLagSampler"]
 
@@ -24,11 +25,8 @@ class LoopLagSampler:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="loop-lag")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel([self._task])
+        self._task = None
 
     async def _run(self) -> None:
         interval, record = self._interval, self._record

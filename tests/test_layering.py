@@ -37,6 +37,7 @@ LEAVES = frozenset(
         "sse",
         "children",
         "looplag",
+        "tasks",
         "prometheus",
         "profile_format",  # the profile file that bench and tune write and the pool reads
         "structdoc",  # field docstrings and type words for help and the example config

@@ -8,13 +8,13 @@ deliver every Emission to its request's `Job`. Idle, it waits for a submission.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import structlog
 
 from specroute.emulator.engine import Emission, Engine, Sequence
 from specroute.emulator.metrics import Stats
+from specroute.tasks import cancel
 
 __all__ = ["Driver", "Job"]
 
@@ -106,10 +106,7 @@ class Driver:
         return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel([self._task])
 
     def submit(
         self,

@@ -4,7 +4,6 @@ it dies, show the end of its log when it does, and stop it politely, then firmly
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import subprocess
 import time
@@ -15,6 +14,7 @@ import structlog
 
 from specroute.children import spawn, stop_async, tail, wait_exit
 from specroute.launch.plan import ProcessPlan
+from specroute.tasks import cancel
 
 __all__ = ["Backoff", "Supervised"]
 
@@ -121,10 +121,7 @@ class Supervised:
         """SIGTERM, wait up to `grace_s` (SGLang and the proxy drain in that time), then SIGKILL
         the whole session: SGLang's scheduler and detokenizer processes go too."""
         self._stopping = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel([self._task])
         if self.process is None:
             return None
         was_running = self.running

@@ -5,7 +5,6 @@ servers that come are added to the pool and servers that go are removed from it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
@@ -15,6 +14,7 @@ import msgspec
 import structlog
 
 from specroute.config import BackendConfig
+from specroute.tasks import cancel
 
 __all__ = ["DnsDiscovery", "Resolver", "expand", "resolve_host", "static_entries"]
 
@@ -78,11 +78,7 @@ class DnsDiscovery:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(self._tasks)
         self._tasks = []
 
     async def refresh(self, index: int) -> None:

@@ -5,7 +5,6 @@ a `PeerTable`; the pool is told when the blend or the replicas' share may have c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -18,6 +17,7 @@ from specroute.pool.client import UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import Resolver, resolve_host
 from specroute.pool.load import Share
 from specroute.pool.sharing import EstimatesWire, PeerTable
+from specroute.tasks import cancel
 
 __all__ = ["Peers"]
 
@@ -59,11 +59,8 @@ class Peers:
         self._task = asyncio.create_task(self._run(), name="peers")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel([self._task])
+        self._task = None
 
     async def _run(self) -> None:
         resolved = time.monotonic()

@@ -25,6 +25,7 @@ from specroute.pool.prior import prior_telemetry
 from specroute.pool.scraper import Scraper
 from specroute.pool.sharing import EstimatesWire, PeerTable, local_estimates
 from specroute.pool.unready import probe_failure, status_failure
+from specroute.tasks import cancel
 
 __all__ = ["Lease", "Pool"]
 
@@ -143,11 +144,7 @@ class Pool:
         await self.peers.stop()
         await self.scraper.stop()
         await self._dns.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(self._tasks)
         self._tasks = []
 
     # Requests ----------------------------------------------------------------------------

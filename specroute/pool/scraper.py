@@ -19,6 +19,7 @@ from specroute.pool.backend import Backend
 from specroute.pool.client import UpstreamClient, UpstreamFailure
 from specroute.pool.index import RoutingIndex
 from specroute.pool.promtext import parse_metrics
+from specroute.tasks import cancel
 
 __all__ = ["Scraper", "scrape_interval"]
 
@@ -80,12 +81,7 @@ class Scraper:
         self._task = asyncio.create_task(self._run(), name="scraper")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._task, *self._running) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([self._task, *self._running])
 
     def stats(self) -> dict[str, float]:
         """The freshness bill: scrapes per second and the seconds they cost."""

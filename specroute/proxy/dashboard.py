@@ -20,6 +20,7 @@ from litestar.params import Parameter
 from specroute.pool import Backend
 from specroute.proxy.auth import PUBLIC
 from specroute.proxy.state import ProxyState
+from specroute.tasks import cancel
 
 __all__ = ["BackendSample", "Dashboard", "Sample", "Sampler"]
 
@@ -213,9 +214,7 @@ class Dashboard:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel([task])
 
     def handlers(self) -> list[Any]:
         """`GET /dashboard` needs no key (it holds no data); its data needs a client key."""

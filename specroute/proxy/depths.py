@@ -5,13 +5,13 @@ as backends come up, so it warns instead of refusing to start (`launch` knows th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
 import structlog
 
 from specroute.policies import Policy, pinned_depth
 from specroute.pool import Pool
+from specroute.tasks import cancel
 
 __all__ = ["DepthWatch"]
 
@@ -60,8 +60,5 @@ class DepthWatch:
             await asyncio.sleep(self._every_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel([self._task])
+        self._task = None

@@ -6,7 +6,6 @@ before the pool and its connections close."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import math
 import resource
@@ -18,6 +17,7 @@ import uvicorn
 from specroute.config import Config
 from specroute.proxy.app import ProxyApp
 from specroute.proxy.protocol import limited_protocol
+from specroute.tasks import cancel
 
 __all__ = ["serve"]
 
@@ -58,10 +58,7 @@ class _Server(uvicorn.Server):
         try:
             await super().shutdown(sockets)  # closes the listeners, waits for connections
         finally:
-            if not drain.done():
-                drain.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drain
+            await cancel([drain])
         log.info("shutdown_finished")
 
 
