@@ -26,7 +26,6 @@ from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.bench.workload import Sampling
 from specroute.emulator.engine import Engine, Iteration
-from specroute.launch.reconfigure_flags import planner_fields
 from specroute.planner import (
     DepthEstimate,
     Estimates,
@@ -37,6 +36,7 @@ from specroute.planner import (
     calibrated,
 )
 from specroute.policies import create
+from specroute.reconfigure.options import planner_fields
 from specroute.speculation import is_greedy
 
 BIN_S = 5.0

@@ -16,7 +16,7 @@ import httpx
 from prometheus_client.samples import Sample
 
 from specroute.bench import ApiSettings, BenchClient, RequestRecord, Sampling, SweepSettings, Target
-from specroute.bench.sweep import LevelPlan, run_level
+from specroute.bench.level import LevelPlan, run_level
 from specroute.children import free_port, spawn, stop, wait_ready
 from specroute.prometheus import read_samples
 

@@ -23,6 +23,7 @@ from specroute.bench import (
     render_table,
     run_sweep,
 )
+from specroute.cmdline import Subcommands
 from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from specroute.emulator.seed import SEED_AGGREGATE_TOK_S, SEED_PER_REQUEST_TOK_S, SEED_TOLERANCE
@@ -137,10 +138,9 @@ def _run(args: argparse.Namespace) -> int:
     return 0 if worst <= TOLERANCE or not args.check else 1
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "calibrate",
-        help="measure emulated servers at steps 1/2/3 and print them beside the seed table",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

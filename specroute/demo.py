@@ -23,6 +23,7 @@ import httpx
 import msgspec
 
 from specroute.children import ChildFailed, spawn, stop_async, wait_exit, wait_ready
+from specroute.cmdline import Subcommands
 from specroute.emulator.fleet import EmulatedServer, emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.logs import configure_logging
@@ -235,10 +236,9 @@ def _run(args: argparse.Namespace) -> int:
         return 1
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="the proxy on localhost in front of three emulated servers, until Ctrl-C",
         description=__doc__,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -20,16 +20,17 @@ from emulator_support import parse_metrics
 
 from specroute.children import free_port
 from specroute.cli import build_parser
-from specroute.launch.actuator import Actuator, Mode
-from specroute.launch.advisor import Advisor
+from specroute.cmdline import UsageError
+from specroute.launch.argv import LaunchOptions, build_plan
 from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
 from specroute.launch.launcher import Launcher, LaunchSettings
-from specroute.launch.plan import LaunchOptions, PlanError, build_plan
-from specroute.launch.readings import Traffic, estimates
-from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
-from specroute.launch.reconfigure_flags import reconfigure_options, with_admin_key
-from specroute.launch.restarts import ServerRestarts
+from specroute.launch.restarts import ServerRestarts, with_admin_key
 from specroute.planner import Change, Forecast, Plan, Regime, Setting
+from specroute.reconfigure.actuator import Actuator, Mode
+from specroute.reconfigure.advisor import Advisor
+from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
+from specroute.reconfigure.options import reconfigure_options
+from specroute.reconfigure.readings import Traffic, estimates
 
 K1, K3 = Setting(steps=1), Setting(steps=3)
 
@@ -355,7 +356,7 @@ def test_reconfigure_defaults_to_advise_and_reads_its_options() -> None:
      ("--max-unavailable", "0"), ("--allowed-steps", "1,x")],
 )  # fmt: skip
 def test_a_bad_reconfigure_option_is_refused_before_anything_starts(extra: tuple[str, str]) -> None:
-    with pytest.raises(PlanError):
+    with pytest.raises(UsageError):
         reconfigure_options(_launch_args(*extra))
 
 

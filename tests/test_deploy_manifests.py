@@ -18,7 +18,7 @@ from servers import free_port, run_server
 
 from specroute.cli import build_parser
 from specroute.config import Config, load_config
-from specroute.launch.plan import LaunchOptions, sglang_server_args
+from specroute.launch.argv import LaunchOptions, sglang_server_args
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
@@ -321,8 +321,8 @@ def test_each_depths_deployment_runs_the_launchers_plan(
 def test_keda_scales_each_depth_to_the_replicas_the_plan_exports(
     follows_load: dict[tuple[str, str], Any], steps: int
 ) -> None:
-    from specroute.launch.reconfigure import replicas
     from specroute.planner import Setting
+    from specroute.reconfigure.loop import replicas
 
     spec = follows_load[("ScaledObject", f"sglang-steps{steps}")]["spec"]
     target = follows_load[("Deployment", spec["scaleTargetRef"]["name"])]
@@ -341,12 +341,12 @@ def test_keda_scales_each_depth_to_the_replicas_the_plan_exports(
 def test_the_planner_is_one_advisor_sharing_the_proxies_admin_key(
     follows_load: dict[tuple[str, str], Any],
 ) -> None:
-    from specroute.launch.advisor import _parser
+    from specroute.reconfigure.advisor import _parser
 
     planner = follows_load[("Deployment", "specroute-planner")]
     assert planner["spec"]["replicas"] == 1
     container = _container(planner)
-    assert container["command"] == ["python", "-m", "specroute.launch.advisor"]
+    assert container["command"] == ["python", "-m", "specroute.reconfigure.advisor"]
     args = _parser().parse_args(container["args"])
     host, _, port = args.replicas.rpartition(":")
     replicas = follows_load[("Service", host)]["spec"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specroute.cli import main
-from specroute.launch.plan import LaunchOptions, PlanError, build_plan, parse_gpus
+from specroute.launch.argv import LaunchOptions, PlanError, build_plan, parse_gpus
 
 
 def test_each_depth_gets_the_flags_sglang_requires() -> None:

@@ -15,11 +15,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "specroute"
 ALLOWED: dict[str, frozenset[str]] = {
     "proxy": frozenset({"pool", "policies"}),
     "pool": frozenset({"policies"}),
-    # `specroute tune` (launch/tune*) drives each launched server with the bench's sweep and,
-    # for --emulate, reads the emulator's seed figures; the launcher itself still needs only pool.
-    # `--reconfigure` runs the deployment's one planner in the launcher (launch/reconfigure.py);
-    # the proxy only serves the plan it is sent, so proxy needs no planner edge.
-    "launch": frozenset({"pool", "bench", "emulator", "policies", "planner"}),
+    # The launcher starts processes; `--reconfigure` hands the depth loop a restart function.
+    # It reads the prior (pool) and checks the policy's pinned depth (policies).
+    "launch": frozenset({"pool", "policies", "planner", "reconfigure"}),
+    # The depth loop: readings of /pool, the planner, the actuator. Never `launch`.
+    "reconfigure": frozenset({"planner", "policies"}),
+    # `specroute tune` launches each depth, drives it with the bench's sweep and, for --emulate,
+    # reads the emulator's seed figures.
+    "tune": frozenset({"launch", "bench", "emulator"}),
     "policies": frozenset(),
     "planner": frozenset({"policies"}),
     "bench": frozenset(),
@@ -30,6 +33,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 LEAVES = frozenset(
     {
         "specroute",  # the package itself: only __version__
+        "cmdline",  # the usage error and the comma-separated integer parser every command uses
         "speculation",
         "errors",
         "config",
@@ -141,3 +145,69 @@ def test_speculation_maths_is_stdlib_only() -> None:
 )  # fmt: skip
 def test_back_edges_are_refused(source: str, target: str) -> None:
     assert not _allowed(source, target)
+
+
+def _module_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the `specroute` modules it imports, anywhere in its body (a function-level import
+    hides a cycle from Python at import time, not from this graph)."""
+    known = set(modules)
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                graph[module] |= {n for n in _imported(node, module, path, known) if n in known}
+        graph[module].discard(module)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        top = stack.pop()
+                        on_stack.discard(top)
+                        component.append(top)
+                        if top == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def test_no_import_cycle_between_modules() -> None:
+    cycles = _cycles(_module_graph(_modules()))
+    assert not cycles, "modules that import each other (directly or round a loop):\n" + "\n".join(
+        " <-> ".join(c) for c in cycles
+    )
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from servers import Server, run_server
 
-from specroute.launch.actuator import Actuator
-from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.planner import Change, Forecast, Plan, Regime, Setting
+from specroute.reconfigure.actuator import Actuator
+from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(

@@ -11,10 +11,10 @@ from emulator_support import parse_metrics
 from inprocess import ADMIN, proxy
 from servers import Server
 
-from specroute.launch.actuator import Actuator
-from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.planner import DepthEstimate, Estimates, Setting
 from specroute.policies import ClassEstimate
+from specroute.reconfigure.actuator import Actuator
+from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.speculation import expected_tokens
 
 GREEDY = "m:greedy"
@@ -107,7 +107,7 @@ def test_advise_publishes_a_paying_change_and_changes_nothing(emulator: Server) 
 def test_the_kubernetes_planner_publishes_to_every_address_of_the_replicas_name(
     emulator: Server,
 ) -> None:
-    from specroute.launch.advisor import FanoutLink
+    from specroute.reconfigure.advisor import FanoutLink
 
     async def scenario() -> list[dict[str, Any]]:
         pair = proxy({"a": emulator}), proxy({"a": emulator})  # type: ignore[dict-item]

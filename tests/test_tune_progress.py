@@ -8,7 +8,7 @@ import io
 import pytest
 
 from specroute.bench.client import RequestRecord
-from specroute.launch.tune_progress import LevelWork, TuneProgress, format_duration
+from specroute.tune.progress import LevelWork, TuneProgress, format_duration
 
 
 class Clock:

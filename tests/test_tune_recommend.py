@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specroute.launch.tune_recommend import (
+from specroute.profile_format import Point, Profile, Target
+from specroute.tune.recommend import (
     advise,
     best_fixed,
     best_mix,
@@ -14,7 +15,6 @@ from specroute.launch.tune_recommend import (
     regimes,
     step_gains,
 )
-from specroute.profile_format import Point, Profile, Target
 
 # Aggregate tok/s per concurrency: deep speculation wins alone, shallow wins under load
 # (the shape of sampled traffic on the costly-drafts profile).

@@ -6,6 +6,7 @@ It talks to servers only over HTTP. Python API: `await run_sweep(SweepSettings(.
 
 from specroute.bench.client import BenchClient, RequestRecord
 from specroute.bench.compare import render_comparison
+from specroute.bench.level import SweepSettings, Target, parse_target
 from specroute.bench.levels import AcceptLengths, LevelSummary, summarize_level
 from specroute.bench.profile import load_profile, merge_profiles, profile_from_result
 from specroute.bench.reference import (
@@ -23,14 +24,7 @@ from specroute.bench.report import (
 )
 from specroute.bench.selfcheck import ClientHealth
 from specroute.bench.stats import Summary, percentile, summarize
-from specroute.bench.sweep import (
-    LevelResult,
-    SweepResult,
-    SweepSettings,
-    Target,
-    parse_target,
-    run_sweep,
-)
+from specroute.bench.sweep import LevelResult, SweepResult, run_sweep
 from specroute.bench.trace import Scenario, load_scenario, run_trace
 from specroute.bench.workload import ApiSettings, PromptSettings, Sampling
 

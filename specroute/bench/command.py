@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from specroute.cmdline import Subcommands
 from specroute.logs import configure_logging
 
 __all__ = ["register"]
@@ -131,9 +132,11 @@ def _add_profile(sub: Any) -> None:
     p.set_defaults(run=_run_profile)
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subcommands) -> None:
     """Add `bench` and its subcommands to the `specroute` parser."""
-    bench = subparsers.add_parser("bench", help="benchmark OpenAI/SGLang servers")
+    bench = subparsers.add_parser(
+        "bench",
+    )
     sub = bench.add_subparsers(dest="bench_command", metavar="SUBCOMMAND", required=True)
     _add_sweep(sub)
     _add_trace(sub)
@@ -142,7 +145,7 @@ def register(subparsers: Any) -> None:
 
 
 def _sweep_settings(args: argparse.Namespace) -> Any:
-    from specroute.bench.sweep import SweepSettings, parse_target
+    from specroute.bench.level import SweepSettings, parse_target
     from specroute.bench.workload import ApiSettings, PromptSettings, Sampling
 
     source: Literal["synthetic", "jsonl", "sharegpt"] = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import time
 from typing import Any
 
 import msgspec
@@ -13,93 +12,24 @@ import structlog
 
 from specroute import __version__
 from specroute.bench.client import BenchClient, RequestRecord
+from specroute.bench.level import LevelPlan, SweepSettings, Target, run_level
 from specroute.bench.levels import LevelSummary, summarize_level
-from specroute.bench.loadgen import Load, OnDone, closed_loop, poisson_loop
 from specroute.bench.probes import Counters, ServerFacts, fetch_counters, fetch_facts
 from specroute.bench.progress import Progress
-from specroute.bench.selfcheck import ClientHealth, SelfMonitor
-from specroute.bench.workload import ApiSettings, PromptSettings, Sampling, Workload, load_prompts
+from specroute.bench.selfcheck import ClientHealth
+from specroute.bench.workers import run_level_workers
+from specroute.bench.workload import Sampling
 
 __all__ = [
-    "LevelPlan",
     "LevelResult",
     "SweepResult",
-    "SweepSettings",
-    "Target",
     "TargetResult",
     "measure_level",
-    "parse_target",
     "realism_warnings",
-    "run_level",
     "run_sweep",
 ]
 
 log = structlog.get_logger()
-
-
-class Target(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    label: str
-    url: str
-
-
-def parse_target(text: str, position: int = 0) -> Target:
-    """`label=http://host:port` or a bare URL (labelled by its position)."""
-    label, sep, url = text.partition("=")
-    if not sep or "://" in label:
-        label, url = f"target{position + 1}", text
-    return Target(label=label, url=url.rstrip("/"))
-
-
-class SweepSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything a sweep does, saved beside its results. A closed-loop level of concurrency C
-    sends `requests` requests, or max(min_requests, requests_per_concurrency * C) when None;
-    with `duration` it stops sending after that many seconds. Non-empty `rates` replace the
-    concurrency levels with open-loop Poisson levels (requests per second)."""
-
-    targets: list[Target]
-    concurrency: list[int] = msgspec.field(default_factory=lambda: [1, 4, 16, 32, 64])
-    rates: list[float] = msgspec.field(default_factory=list)
-    max_concurrency: int | None = None
-    requests: int | None = None
-    requests_per_concurrency: float = 2.0
-    min_requests: int = 3
-    duration: float | None = None
-    warmup: int = 1
-    prompts: PromptSettings = PromptSettings()
-    mix: list[Sampling] = msgspec.field(default_factory=lambda: [Sampling()])
-    api: ApiSettings = ApiSettings()
-    seed: int = 0
-    workers: int = 1
-    keep_chunks: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.targets:
-            raise ValueError("a sweep needs at least one target")
-        if any(c < 1 for c in self.concurrency) or any(r <= 0 for r in self.rates):
-            raise ValueError("concurrency levels must be >= 1 and rates > 0")
-        if self.workers < 1:
-            raise ValueError("workers must be >= 1")
-
-    def level_requests(self, concurrency: int) -> int | None:
-        if self.requests is not None:
-            return self.requests
-        if self.duration is not None:
-            return None
-        return max(self.min_requests, math.ceil(self.requests_per_concurrency * concurrency))
-
-
-class LevelPlan(msgspec.Struct, frozen=True, kw_only=True):
-    """One level as run by one process: closed-loop `concurrency` or Poisson `rate`."""
-
-    url: str
-    model: str
-    concurrency: int
-    rate: float | None
-    requests: int | None
-    duration: float | None
-    seed: int
-    first_index: int = 0
-    phase: str = ""
 
 
 class LevelResult(msgspec.Struct, kw_only=True):
@@ -138,48 +68,6 @@ class SweepResult(msgspec.Struct, kw_only=True):
         )
 
 
-def _workload(settings: SweepSettings, plan: LevelPlan, mix: list[Sampling]) -> Workload:
-    count = plan.requests or max(64, 8 * max(1, plan.concurrency))
-    prompts = load_prompts(settings.prompts, count, plan.seed)
-    return Workload(prompts, mix, settings.api, plan.model, plan.seed)
-
-
-async def run_level(
-    client: BenchClient,
-    settings: SweepSettings,
-    plan: LevelPlan,
-    *,
-    mix: list[Sampling] | None = None,
-    origin: float | None = None,
-    on_done: OnDone | None = None,
-) -> tuple[list[RequestRecord], ClientHealth]:
-    """Run one level in this process; its records' times count from `origin`."""
-    load = Load(
-        client,
-        plan.url,
-        _workload(settings, plan, mix or settings.mix),
-        requests=plan.requests,
-        duration=plan.duration,
-        origin=time.perf_counter() if origin is None else origin,
-        first_index=plan.first_index,
-        phase=plan.phase,
-        on_done=on_done,
-    )
-    monitor = SelfMonitor()
-    chunks_before = client.chunks
-    monitor.start()
-    try:
-        if plan.rate is not None:
-            records = await poisson_loop(
-                load, plan.rate, seed=plan.seed, max_concurrency=settings.max_concurrency
-            )
-        else:
-            records = await closed_loop(load, plan.concurrency)
-    finally:
-        health = await monitor.stop(client.chunks - chunks_before)
-    return records, health
-
-
 async def _summarize(
     client: BenchClient, url: str, records: list[RequestRecord], before: Counters | None
 ) -> LevelSummary:
@@ -202,8 +90,6 @@ async def measure_level(
     mix: list[Sampling] | None = None,
 ) -> LevelResult:
     """Run one level and summarize it with the server's counters read around it."""
-    from specroute.bench.workers import run_level_workers  # it imports this module
-
     before = await fetch_counters(client, plan.url)
     shape = f"rate {plan.rate:g}/s" if plan.rate else f"C={plan.concurrency}"
     progress.level(f"{label} {plan.phase or shape}", plan.requests)

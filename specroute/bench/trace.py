@@ -10,14 +10,12 @@ from pathlib import Path
 import msgspec
 
 from specroute.bench.client import BenchClient
+from specroute.bench.level import LevelPlan, SweepSettings, Target
 from specroute.bench.probes import fetch_facts
 from specroute.bench.progress import Progress
 from specroute.bench.sweep import (
-    LevelPlan,
     LevelResult,
     SweepResult,
-    SweepSettings,
-    Target,
     TargetResult,
     measure_level,
     realism_warnings,

@@ -12,9 +12,9 @@ from concurrent.futures import ProcessPoolExecutor
 import msgspec
 
 from specroute.bench.client import BenchClient, RequestRecord
+from specroute.bench.level import LevelPlan, SweepSettings, run_level
 from specroute.bench.loadgen import OnDone
 from specroute.bench.selfcheck import ClientHealth
-from specroute.bench.sweep import LevelPlan, SweepSettings, run_level
 
 __all__ = ["combine_health", "run_level_workers", "split"]
 

@@ -4,7 +4,7 @@ The HTTP app is `specroute.emulator.server.create_app(EmulatorOptions(...))` (im
 demand: it pulls in Litestar); `specroute emulate` runs it.
 """
 
-from specroute.emulator.engine import Emission, Engine, Iteration, Sequence
+from specroute.emulator.engine import Emission, Engine, Iteration, Req
 from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.profiles import (
     DEFAULT_PROFILE,
@@ -22,7 +22,7 @@ __all__ = [
     "Engine",
     "Iteration",
     "Profile",
-    "Sequence",
+    "Req",
     "get_profile",
     "sampling_class",
 ]

@@ -6,12 +6,12 @@ import argparse
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
 
 import msgspec
 import structlog
 import uvicorn
 
+from specroute.cmdline import Subcommands
 from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.faults import EXIT_STATUS
 from specroute.emulator.options import SPEC_ALGORITHMS, EmulatorOptions
@@ -53,10 +53,9 @@ class _Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "emulate",
-        help="run an emulated SGLang server (no GPU, no model)",
         description=DESCRIPTION,
         formatter_class=_Help,
     )

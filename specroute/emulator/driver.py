@@ -12,7 +12,7 @@ import time
 
 import structlog
 
-from specroute.emulator.engine import Emission, Engine, Sequence
+from specroute.emulator.engine import Emission, Engine, Req
 from specroute.emulator.metrics import Stats
 from specroute.tasks import cancel
 
@@ -39,7 +39,7 @@ class Job:
         "taken",
     )
 
-    def __init__(self, seq: Sequence, *, stream: bool, created: float, record: bool) -> None:
+    def __init__(self, seq: Req, *, stream: bool, created: float, record: bool) -> None:
         self.seq = seq
         self.rid = seq.rid
         self.stream = stream
@@ -53,6 +53,17 @@ class Job:
         self.last_token_at = created
         self.finished_at: float | None = None
         self._waiter: asyncio.Future[None] | None = None
+
+    def report(self, stats: Stats, now: float) -> None:
+        """The finished request's counters and latencies into the server's metrics."""
+        stats.observe_finished(
+            self.seq,
+            stream=self.stream,
+            created=self.created,
+            first_token_at=self.first_token_at,
+            finish_reason=self.finish_reason,
+            now=now,
+        )
 
     @property
     def done(self) -> bool:
@@ -142,7 +153,7 @@ class Driver:
         job.push(0, "abort", now)
         if job.record:
             self.stats.observe_abort()
-            self.stats.observe_finished(job, now)
+            job.report(self.stats, now)
         return True
 
     def close(self) -> None:
@@ -212,5 +223,5 @@ class Driver:
             if emission.finish_reason is not None:
                 del jobs[job.rid]
                 if job.record:
-                    stats.observe_finished(job, now)
+                    job.report(stats, now)
         return generated

@@ -16,15 +16,16 @@ from dataclasses import dataclass, field
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig, AdaptiveSteps
 from specroute.emulator.profiles import Profile
 
-__all__ = ["SPECULATIVE_DEFAULT_MAX_RUNNING", "Emission", "Engine", "Iteration", "Sequence"]
+__all__ = ["SPECULATIVE_DEFAULT_MAX_RUNNING", "Emission", "Engine", "Iteration", "Req"]
 
 SPECULATIVE_DEFAULT_MAX_RUNNING = 48
 """SGLang's `--max-running-requests` when a speculative server is started without it."""
 
 
 @dataclass(slots=True, eq=False)
-class Sequence:
-    """One request inside the engine, with the speculative statistics SGLang reports."""
+class Req:
+    """One request inside the engine (SGLang's scheduler calls it `Req`), with the speculative
+    statistics SGLang reports."""
 
     rid: str
     prompt_tokens: int
@@ -56,7 +57,7 @@ class Sequence:
 class Emission:
     """Tokens one request produced in one iteration; `finish_reason` set on its last."""
 
-    seq: Sequence
+    seq: Req
     tokens: int
     finish_reason: str | None
 
@@ -103,9 +104,9 @@ class Engine:
         memory = self.memory_capacity
         self.max_running_requests = memory if cap is None else min(cap, memory)
         self.clock = 0.0
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self._by_rid: dict[str, Sequence] = {}
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self._by_rid: dict[str, Req] = {}
         self._rng = random.Random(seed)
 
     @property
@@ -125,13 +126,13 @@ class Engine:
         max_new_tokens: int,
         klass: str,
         ignore_eos: bool,
-    ) -> Sequence:
+    ) -> Req:
         """Queue a request; it runs once a slot under `max_running_requests` frees up."""
         if rid in self._by_rid:
             raise ValueError(f"duplicate request id {rid!r}")
         max_new_tokens = max(1, max_new_tokens)
         target = max_new_tokens if ignore_eos else min(max_new_tokens, self._draw_length())
-        seq = Sequence(
+        seq = Req(
             rid=rid,
             prompt_tokens=prompt_tokens,
             max_new_tokens=max_new_tokens,
@@ -144,7 +145,7 @@ class Engine:
         self._by_rid[rid] = seq
         return seq
 
-    def abort(self, rid: str) -> Sequence | None:
+    def abort(self, rid: str) -> Req | None:
         """Remove a request wherever it is; it leaves the batch before the next iteration."""
         seq = self._by_rid.pop(rid, None)
         if seq is None:
@@ -190,15 +191,15 @@ class Engine:
             verifies=len(decoding) if steps > 0 else 0,
         )
 
-    def _admit(self) -> list[Sequence]:
-        joined: list[Sequence] = []
+    def _admit(self) -> list[Req]:
+        joined: list[Req] = []
         while self.waiting and len(self.running) < self.max_running_requests:
             seq = self.waiting.popleft()
             self.running.append(seq)
             joined.append(seq)
         return joined
 
-    def _draft_and_verify(self, seq: Sequence, steps: int) -> int:
+    def _draft_and_verify(self, seq: Req, steps: int) -> int:
         """Drafts accepted in one verify: position i passes with its rate, the first miss ends."""
         if steps == 0:
             return 0
@@ -216,7 +217,7 @@ class Engine:
         seq.histogram[accepted] += 1
         return accepted
 
-    def _emit(self, seq: Sequence, tokens: int) -> Emission:
+    def _emit(self, seq: Req, tokens: int) -> Emission:
         tokens = min(tokens, seq.target_tokens - seq.generated)
         seq.generated += tokens
         reason = None

@@ -22,7 +22,7 @@ from specroute.emulator.engine import Engine, Iteration
 from specroute.prometheus import exposition
 
 if TYPE_CHECKING:
-    from specroute.emulator.driver import Job
+    from specroute.emulator.engine import Req
 
 __all__ = ["Stats"]
 
@@ -166,16 +166,24 @@ class Stats:
     def observe_abort(self) -> None:
         self._counter("num_aborted_requests_total", None).inc()
 
-    def observe_finished(self, job: Job, now: float) -> None:
-        seq, stream = job.seq, job.stream
+    def observe_finished(
+        self,
+        seq: Req,
+        *,
+        stream: bool,
+        created: float,
+        first_token_at: float | None,
+        finish_reason: str | None,
+        now: float,
+    ) -> None:
         self._counter("prompt_tokens_total", stream).inc(seq.prompt_tokens)
         self._counter("generation_tokens_total", stream).inc(seq.generated)
         self._counter("num_requests_total", stream).inc()
         if seq.verify_ct:
             self._counter("spec_verify_calls_total", None).inc(seq.verify_ct)
-        self._histogram("e2e_request_latency_seconds", stream).observe(now - job.created)
-        if job.finish_reason in ("stop", "length") and job.first_token_at and seq.generated > 1:
-            tpot = (now - job.first_token_at) / (seq.generated - 1)
+        self._histogram("e2e_request_latency_seconds", stream).observe(now - created)
+        if finish_reason in ("stop", "length") and first_token_at and seq.generated > 1:
+            tpot = (now - first_token_at) / (seq.generated - 1)
             self._histogram("request_time_per_output_token_seconds", stream).observe(tpot)
 
     def _counter(self, name: str, stream: bool | None) -> prom.Counter:

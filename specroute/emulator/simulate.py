@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass
 
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig
-from specroute.emulator.engine import Engine, Sequence
+from specroute.emulator.engine import Engine, Req
 from specroute.emulator.profiles import Profile
 
 __all__ = ["LevelResult", "run_closed_loop"]
@@ -24,7 +24,7 @@ class LevelResult:
     """Mean over requests of 1 / TPOT = (completion tokens - 1) / (last - first token time)."""
     aggregate_tok_s: float
     """All completion tokens over the time from the first send to the last finish."""
-    sequences: tuple[Sequence, ...]
+    sequences: tuple[Req, ...]
 
 
 def run_closed_loop(
@@ -66,7 +66,7 @@ def run_closed_loop(
 
     for _ in range(min(concurrency, requests)):
         send()
-    done: list[Sequence] = []
+    done: list[Req] = []
     tokens = 0
     while (iteration := engine.step()) is not None:
         for emission in iteration.emissions:

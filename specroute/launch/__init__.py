@@ -5,14 +5,7 @@ supervisor that keeps each process running, and SGLang's own check of every comm
 and `python -m specroute.launch.sglang_matrix` are the checks' entry points.
 """
 
-from specroute.launch.launcher import (
-    Launcher,
-    LaunchError,
-    LaunchSettings,
-    detect_gpus,
-    validate_with_sglang,
-)
-from specroute.launch.plan import (
+from specroute.launch.argv import (
     ALGORITHMS,
     EMULATED_MODEL,
     LaunchOptions,
@@ -24,6 +17,13 @@ from specroute.launch.plan import (
     parse_gpus,
     parse_steps,
     sglang_server_args,
+)
+from specroute.launch.launcher import (
+    Launcher,
+    LaunchError,
+    LaunchSettings,
+    detect_gpus,
+    validate_with_sglang,
 )
 from specroute.launch.supervisor import Backoff, Supervised
 

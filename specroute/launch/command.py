@@ -8,12 +8,11 @@ import ipaddress
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
+from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
-from specroute.launch import reconfigure_flags
-from specroute.launch.plan import (
+from specroute.launch.argv import (
     ALGORITHMS,
     DEFAULT_MAX_RUNNING_REQUESTS,
     EMULATED_MODEL,
@@ -27,8 +26,10 @@ from specroute.launch.plan import (
     parse_per_depth_counts,
     parse_steps,
 )
+from specroute.launch.restarts import attach, with_admin_key
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create, pinned_depth
+from specroute.reconfigure import options as reconfigure_flags
 
 __all__ = ["options_from_args", "register", "run"]
 
@@ -45,9 +46,9 @@ DESCRIPTION = (
 
 # Flag tables read best one flag to a call; the formatter would explode each call.
 # fmt: off
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
-        "launch", help="start a pool of SGLang servers (one per depth) and the proxy",
+        "launch",
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
@@ -233,7 +234,7 @@ def _with_depth_loop(plan: LaunchPlan, args: argparse.Namespace) -> tuple[Launch
     """The plan and the admin key the depth loop calls the proxy with (`--reconfigure`)."""
     if reconfigure_flags.reconfigure_options(args).mode == "off":
         return plan, ""
-    return reconfigure_flags.with_admin_key(plan, proxy_config(args).admin_key)
+    return with_admin_key(plan, proxy_config(args).admin_key)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,5 +264,10 @@ def run(args: argparse.Namespace) -> int:
     )
     launcher = Launcher(plan, settings)
     if admin_key:
-        reconfigure_flags.attach(launcher, args, admin_key)
+        attach(
+            launcher,
+            options_from_args(args),
+            reconfigure_flags.reconfigure_options(args),
+            admin_key,
+        )
     return asyncio.run(launcher.run())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from specroute.launch.plan import LaunchOptions, ProcessPlan, server_argv
+from specroute.launch.argv import LaunchOptions, ProcessPlan, server_argv
 from specroute.planner import Setting, Tier
 
 __all__ = ["DEFAULT_TIERS", "adaptive_config", "capped_tiers", "server_at"]

@@ -20,7 +20,7 @@ import msgspec
 import structlog
 
 from specroute.children import NotReady, tail, wait_ready
-from specroute.launch.plan import LaunchPlan
+from specroute.launch.argv import LaunchPlan
 from specroute.launch.supervisor import Supervised
 
 __all__ = ["LaunchError", "LaunchSettings", "Launcher", "detect_gpus", "validate_with_sglang"]

@@ -9,19 +9,20 @@ import secrets
 import time
 from pathlib import Path
 
+import msgspec
 import structlog
 
 from specroute.children import ChildExited, NotReady, wait_ready
-from specroute.launch.actuator import Actuator
+from specroute.launch.argv import LaunchOptions, LaunchPlan
 from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
 from specroute.launch.launcher import Launcher, validate_with_sglang
-from specroute.launch.plan import LaunchOptions
-from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.launch.sglang_check import sglang_installed
 from specroute.launch.supervisor import Supervised
 from specroute.planner import Setting
+from specroute.reconfigure.actuator import Actuator
+from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 
-__all__ = ["ServerRestarts", "admin_key_for", "depth_loop"]
+__all__ = ["ServerRestarts", "admin_key_for", "attach", "depth_loop", "with_admin_key"]
 
 log = structlog.get_logger()
 
@@ -96,3 +97,34 @@ def depth_loop(
         limit=options.running_limit,
         adaptive=adaptive,
     )
+
+
+def with_admin_key(plan: LaunchPlan, admin_key: str | None) -> tuple[LaunchPlan, str]:
+    """The plan with an admin key the proxy and the loop share: the operator's, else a fresh
+    random one in the proxy's environment (hidden like every key)."""
+    key, env = admin_key_for(admin_key)
+    if not env:
+        return plan, key
+    proxy = msgspec.structs.replace(
+        plan.proxy,
+        env={**plan.proxy.env, **env},
+        secrets=tuple(sorted({*plan.proxy.secrets, *env})),
+    )
+    return msgspec.structs.replace(plan, proxy=proxy), key
+
+
+def attach(
+    launcher: Launcher, options: LaunchOptions, reconfigure: ReconfigureOptions, admin_key: str
+) -> None:
+    """Run the depth loop beside the launched pool (nothing with `--reconfigure off`)."""
+    if reconfigure.mode == "off":
+        return
+
+    async def loop(stop: asyncio.Event) -> None:
+        reconfigurer = depth_loop(launcher, options, reconfigure, admin_key)
+        try:
+            await reconfigurer.run(stop)
+        finally:
+            await reconfigurer.link.aclose()
+
+    launcher.background.append(loop)

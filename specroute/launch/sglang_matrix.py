@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from specroute.launch.plan import LaunchOptions, build_plan
+from specroute.launch.argv import LaunchOptions, build_plan
 from specroute.launch.sglang_check import SglangRejected, check_args
 
 __all__ = ["main", "write_models"]

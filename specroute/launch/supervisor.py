@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 
 from specroute.children import spawn, stop_async, tail, wait_exit
-from specroute.launch.plan import ProcessPlan
+from specroute.launch.argv import ProcessPlan
 from specroute.tasks import cancel
 
 __all__ = ["Backoff", "Supervised"]

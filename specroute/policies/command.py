@@ -7,8 +7,8 @@ import argparse
 import inspect
 import sys
 import textwrap
-from typing import Any
 
+from specroute.cmdline import Subcommands
 from specroute.policies.registry import (
     PolicyFactory,
     available,
@@ -22,10 +22,9 @@ _WIDTH = 100
 _INDENT = "    "
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "policies",
-        help="list routing policies with their options",
         description=__doc__.splitlines()[0] if __doc__ else None,
     )
     parser.add_argument("name", nargs="?", help="show only this policy")

@@ -8,7 +8,7 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import overload
 
-from specroute.policies.types import BackendView, PoolView
+from specroute.policies.types import BackendView, CandidateSet, PoolView
 
 __all__ = [
     "Candidates",
@@ -218,6 +218,10 @@ class Candidates:
     def any(self) -> bool:
         return any(g.best(self.usable) is not None for g in self.index.groups())
 
+    def get(self, name: str) -> BackendView | None:
+        found = self.index.get(name)
+        return found if found is not None and self.usable(found) else None
+
     def next_from(self, index: int) -> tuple[int, BackendView] | None:
         """The first usable member at or after `index` in pool order (wrapping round), with
         its index."""
@@ -236,7 +240,7 @@ class LazyBackends(Sequence[BackendView]):
     """`PoolView.backends` for a view built on `Candidates`: the usable members in pool order,
     listed only if a policy asks (the built-in ones read the groups instead)."""
 
-    def __init__(self, candidates: Candidates) -> None:
+    def __init__(self, candidates: CandidateSet) -> None:
         self._candidates = candidates
         self._items: tuple[BackendView, ...] | None = None
 
@@ -259,7 +263,7 @@ class LazyBackends(Sequence[BackendView]):
         return iter(self._all())
 
 
-def candidates_of(view: PoolView) -> Candidates:
+def candidates_of(view: PoolView) -> CandidateSet:
     """The view's live groups from the pool, else its `backends` grouped now (a view built by
     hand: a test, a simulator)."""
     return view.candidates if view.candidates is not None else Candidates.of(view.backends)

@@ -3,18 +3,16 @@ and the outcome it learns from. Plain data, no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from collections.abc import Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
 from specroute.speculation import PRIOR_ALPHA
 
-if TYPE_CHECKING:
-    from specroute.policies.groups import Candidates
-
 __all__ = [
     "BackendView",
+    "CandidateSet",
     "ClassEstimate",
     "Decision",
     "Outcome",
@@ -79,6 +77,27 @@ class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
     mean_tokens: float | None = None
 
 
+class CandidateSet(Protocol):
+    """The backends one request may go to, grouped by configuration and ordered by load
+    (`policies.groups.Candidates` is the one implementation; the pool keeps one up to date)."""
+
+    def bests(self, turn: int = 0) -> list[BackendView]:
+        """Each group's least loaded usable member."""
+        ...
+
+    def any(self) -> bool: ...
+
+    def get(self, name: str) -> BackendView | None:
+        """The usable member called `name`, if there is one."""
+        ...
+
+    def next_from(self, index: int) -> tuple[int, BackendView] | None:
+        """The first usable member at or after `index` in pool order, with its index."""
+        ...
+
+    def __iter__(self) -> Iterator[BackendView]: ...
+
+
 class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     """The backends this request may be sent to (healthy, circuit closed, below their limit,
     serving its model), in the pool's configured order; never empty when a policy is asked."""
@@ -90,7 +109,7 @@ class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     in_flight_total: int | None = None
     """Requests in flight on every healthy backend, not only the candidates (None: unknown)."""
     capacity_total: int | None = None
-    candidates: Candidates | None = None
+    candidates: CandidateSet | None = None
     """The same backends grouped by configuration and ordered by load, kept up to date by the
     pool (None: a policy groups `backends` itself, see `candidates_of`)."""
 

@@ -89,5 +89,4 @@ def _chosen(view: PoolView, name: str) -> BackendView | None:
     tested, not the whole pool."""
     if view.candidates is None:
         return next((b for b in view.backends if b.name == name), None)
-    found = view.candidates.index.get(name)
-    return found if found is not None and view.candidates.usable(found) else None
+    return view.candidates.get(name)

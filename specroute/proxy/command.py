@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
+from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config, parse_backend
 from specroute.errors import ConfigError
 from specroute.logs import configure_logging
@@ -15,10 +15,9 @@ from specroute.policies import UnknownPolicyError, create
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="run the routing proxy",
         description=(
             "Serve an OpenAI-compatible API that routes each request across SGLang backends. "
             "Settings come from --config (TOML), then SPECROUTE_* environment variables "

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from specroute.cmdline import Subcommands
 from specroute.config import BackendConfig, Config
 from specroute.structdoc import describe_type, field_docs
 
@@ -150,10 +151,9 @@ def render_example() -> str:
     return "\n".join(lines) + "\n"
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "config",
-        help="the proxy's settings: print the example configuration",
         description=(
             "`specroute config example` prints a configuration file that lists every setting of "
             "`specroute serve` with its default, type and documentation."

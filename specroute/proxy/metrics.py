@@ -19,7 +19,10 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from specroute.prometheus import exposition
 
 if TYPE_CHECKING:
-    from specroute.proxy.state import ProxyState
+    from specroute.pool import Pool
+    from specroute.proxy.admission import Admission
+    from specroute.proxy.bodies import BodyBudget
+    from specroute.proxy.process import ProcessMonitor
 
 __all__ = ["LATENCY_BUCKETS", "Counter", "Histogram", "ProxyGauges", "ProxyMetrics"]
 
@@ -175,12 +178,16 @@ class ProxyGauges:
     """A collector of what the proxy's `/metrics` reads at scrape time: load and health per
     backend, the pool's estimates, the admission queue and the process's own health."""
 
-    def __init__(self, state: ProxyState) -> None:
-        self._state = state
+    def __init__(
+        self, pool: Pool, admission: Admission, bodies: BodyBudget, process: ProcessMonitor
+    ) -> None:
+        self._pool = pool
+        self._admission = admission
+        self._bodies = bodies
+        self._process = process
 
     def collect(self) -> Iterator[Metric]:
-        state = self._state
-        backends = state.pool.backends
+        backends = self._pool.backends
         yield _gauge(
             "specroute_in_flight_requests",
             "Requests in flight per backend.",
@@ -197,19 +204,19 @@ class ProxyGauges:
         yield GaugeMetricFamily(
             "specroute_admission_waiting_requests",
             "Requests waiting for a free backend.",
-            value=state.admission.waiting,
+            value=self._admission.waiting,
         )
         yield GaugeMetricFamily(
             "specroute_request_body_bytes",
             "Request-body bytes held now, all requests together (capped by "
             "limits.max_body_bytes_in_flight).",
-            value=state.bodies.in_use,
+            value=self._bodies.in_use,
         )
-        yield from state.process.collect()
+        yield from self._process.collect()
 
     def _estimates(self) -> Iterator[Metric]:
         """Acceptance per workload class, the iteration-time fit per backend and depth."""
-        telemetry = self._state.pool.telemetry
+        telemetry = self._pool.telemetry
         classes = telemetry.classes()
         yield _gauge(
             "specroute_class_accept_alpha",

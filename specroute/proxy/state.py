@@ -39,7 +39,9 @@ class ProxyState:
         self.decisions = RecentDecisions()
         self.process = ProcessMonitor()
         self.depths = DepthWatch(self.pool, config.health.interval_s)
-        self.metrics.registry.register(ProxyGauges(self))
+        self.metrics.registry.register(
+            ProxyGauges(self.pool, self.admission, self.bodies, self.process)
+        )
         self.started = time.time()  # wall clock only for `created` in /v1/models
 
     async def start(self) -> None:

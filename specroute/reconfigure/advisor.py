@@ -3,7 +3,7 @@ planner of the deployment in `advise` mode, its servers whatever the proxy's poo
 plan published to every proxy replica, where `specroute_plan_replicas` tells an autoscaler
 (KEDA) how many servers each depth's Deployment should run.
 
-    python -m specroute.launch.advisor --proxy http://specroute:8000 \\
+    python -m specroute.reconfigure.advisor --proxy http://specroute:8000 \\
         --replicas specroute-replicas:8000     # admin key in SPECROUTE_ADMIN_KEY
 """
 
@@ -22,11 +22,11 @@ import httpx
 import msgspec
 import structlog
 
-from specroute.launch.actuator import Actuator, Slot
-from specroute.launch.plan import PlanError, parse_steps
-from specroute.launch.reconfigure import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.logs import configure_logging
 from specroute.planner import Setting
+from specroute.reconfigure.actuator import Actuator, Slot
+from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
 
 __all__ = ["Advisor", "FanoutLink", "main"]
 
@@ -93,7 +93,7 @@ async def _never(name: str, setting: Setting) -> str | None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specroute.launch.advisor",
+        prog="python -m specroute.reconfigure.advisor",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -105,16 +105,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="a name resolving to every proxy replica; default: publish to --proxy only",
     )
-    add("--allowed-steps", default="0,1,2,3", help="depths the plan may want")
     add("--startup", type=float, default=120.0, metavar="SECONDS", help="a server's start-up")
-    add("--min-dwell", type=float, default=900.0, metavar="SECONDS")
-    add("--planner-option", action="append", default=[], metavar="KEY=VALUE")
+    add_planner_arguments(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from specroute.launch.reconfigure_flags import planner_fields
-
     args = _parser().parse_args(argv)
     key = os.environ.get("SPECROUTE_ADMIN_KEY")
     if not key:
@@ -122,11 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         options = ReconfigureOptions(
-            mode="advise", allowed_steps=parse_steps(args.allowed_steps),
+            mode="advise", allowed_steps=allowed_steps(args.allowed_steps),
             min_dwell_s=args.min_dwell, planner=planner_fields(args.planner_option),
         )  # fmt: skip
         options.planner_options()
-    except (PlanError, msgspec.ValidationError, ValueError) as exc:
+    except (msgspec.ValidationError, ValueError) as exc:
         print(f"advisor: {exc}", file=sys.stderr)
         return 2
     configure_logging()

@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from specroute.cmdline import UsageError, parse_ints
+
 __all__ = [
     "ALGORITHMS",
     "EMULATED_MODEL",
@@ -39,7 +41,7 @@ Count = Annotated[int, msgspec.Meta(ge=1)]
 Depth = Annotated[int, msgspec.Meta(ge=0, le=16)]
 
 
-class PlanError(ValueError):
+class PlanError(UsageError):
     """The options cannot make a plan (too few GPUs, a missing draft model, ...)."""
 
 
@@ -129,10 +131,7 @@ class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
 
 def parse_steps(text: str) -> tuple[int, ...]:
     """`"1,2,3"` -> (1, 2, 3)."""
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as exc:
-        raise PlanError(f"--steps must be comma-separated integers, not {text!r}") from exc
+    return parse_ints(text, "--steps")
 
 
 def _depth_item(item: str, flag: str) -> tuple[int, str]:
@@ -179,10 +178,7 @@ def parse_gpus(text: str) -> tuple[int, ...] | None:
     """`"0,1,2"` -> (0, 1, 2); `"all"` -> None (every GPU the host has)."""
     if text.strip().lower() == "all":
         return None
-    try:
-        gpus = tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as exc:
-        raise PlanError(f"--gpus must be 'all' or comma-separated indices, not {text!r}") from exc
+    gpus = parse_ints(text, "--gpus ('all' or indices)", minimum=0)
     if len(set(gpus)) != len(gpus):
         raise PlanError(f"--gpus lists a GPU twice: {text}")
     return gpus

@@ -11,11 +11,11 @@ from typing import Any
 
 import msgspec
 
-from specroute.launch.tune_plan import ServerPlan, TuneLayout, TuneOptions
-from specroute.launch.tune_render import render
-from specroute.launch.tune_report import build_report
-from specroute.launch.tune_run import DepthResult
 from specroute.profile_format import Profile, encode_profile
+from specroute.tune.layout import ServerPlan, TuneLayout, TuneOptions
+from specroute.tune.render import render
+from specroute.tune.report import build_report
+from specroute.tune.run import DepthResult
 
 __all__ = ["save_plot", "write_outputs"]
 

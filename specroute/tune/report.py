@@ -18,11 +18,11 @@ from specroute.emulator.seed import (
     SEED_PER_REQUEST_TOK_S,
     SEED_TOLERANCE,
 )
-from specroute.launch.plan import EMULATED_MODEL
-from specroute.launch.tune_plan import ServerPlan, TuneLayout, TuneOptions
-from specroute.launch.tune_recommend import Advice, advise
-from specroute.launch.tune_run import DepthResult
+from specroute.launch.argv import EMULATED_MODEL
 from specroute.profile_format import Point, Profile, Target, Traffic
+from specroute.tune.layout import ServerPlan, TuneLayout, TuneOptions
+from specroute.tune.recommend import Advice, advise
+from specroute.tune.run import DepthResult
 
 __all__ = [
     "DepthRow",

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from specroute.bench.report import format_grid
 from specroute.emulator.seed import SEED_TOLERANCE
-from specroute.launch.tune_recommend import MIN_STEP_GAIN, Advice, StepGain
-from specroute.launch.tune_report import SeedCheck, TuneReport
 from specroute.profile_format import Profile
+from specroute.tune.recommend import MIN_STEP_GAIN, Advice, StepGain
+from specroute.tune.report import SeedCheck, TuneReport
 
 __all__ = ["render"]
 

@@ -19,7 +19,7 @@ from specroute.bench.client import BenchClient
 from specroute.bench.probes import ServerFacts, fetch_facts
 from specroute.bench.sweep import SweepResult, run_sweep
 from specroute.children import ChildFailed, spawn, stop_async, wait_ready
-from specroute.launch.tune_plan import (
+from specroute.tune.layout import (
     Measurement,
     ServerPlan,
     TuneLayout,
@@ -28,7 +28,7 @@ from specroute.launch.tune_plan import (
     level_requests,
     sweep_settings,
 )
-from specroute.launch.tune_progress import LevelWork, TuneProgress
+from specroute.tune.progress import LevelWork, TuneProgress
 
 __all__ = ["DepthResult", "TuneError", "Tuner", "load_depth", "save_depth"]
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from specroute.launch.plan import ALGORITHMS, EMULATED_MODEL, PlanError, parse_gpus, parse_steps
+from specroute.cmdline import Subcommands
+from specroute.launch.argv import ALGORITHMS, EMULATED_MODEL, PlanError, parse_gpus, parse_steps
 
 __all__ = ["register", "run"]
 
@@ -55,11 +56,11 @@ def _floats(text: str) -> list[float]:
 
 # Flag tables read best one flag to a call; the formatter would explode each call.
 # fmt: off
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(subparsers: Subcommands) -> None:
     from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 
     parser = subparsers.add_parser(
-        "tune", help="measure every depth of a model and recommend depths and a pool mix",
+        "tune",
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
@@ -112,8 +113,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 def options_from_args(args: argparse.Namespace) -> Any:
     """The tune's options; raises PlanError or ValueError naming the flag at fault."""
     from specroute.bench.workload import PromptSettings
-    from specroute.launch.plan import LaunchOptions
-    from specroute.launch.tune_plan import TuneOptions, traffic_kinds
+    from specroute.launch.argv import LaunchOptions
+    from specroute.tune.layout import TuneOptions, traffic_kinds
 
     model = args.model or (EMULATED_MODEL if args.emulate else None)
     if model is None:
@@ -156,7 +157,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
 
 def _plans(options: Any) -> list[Any]:
     from specroute.launch.launcher import detect_gpus
-    from specroute.launch.tune_plan import server_plans
+    from specroute.tune.layout import server_plans
 
     launch = options.launch
     detected = () if launch.emulate or launch.gpus is not None else detect_gpus()
@@ -242,11 +243,11 @@ def _run_loop(coro: Any) -> int:
 
 
 async def _tune(options: Any, plans: list[Any], out: Path, prompts: str, *, force: bool) -> int:
-    from specroute.launch.tune_files import write_outputs
-    from specroute.launch.tune_plan import TuneLayout, measurement
-    from specroute.launch.tune_progress import TuneProgress
-    from specroute.launch.tune_run import Tuner
     from specroute.logs import configure_logging
+    from specroute.tune.files import write_outputs
+    from specroute.tune.layout import TuneLayout, measurement
+    from specroute.tune.progress import TuneProgress
+    from specroute.tune.run import Tuner
 
     configure_logging("warning")
     layout = TuneLayout(out)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import msgspec
 
-from specroute.bench.sweep import SweepSettings, Target
+from specroute.bench.level import SweepSettings, Target
 from specroute.bench.workload import PromptSettings, Sampling
-from specroute.launch.plan import LaunchOptions, ProcessPlan, build_plan
+from specroute.launch.argv import LaunchOptions, ProcessPlan, build_plan
 from specroute.speculation import is_greedy
 
 __all__ = [

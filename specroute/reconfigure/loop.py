@@ -15,9 +15,9 @@ import httpx
 import msgspec
 import structlog
 
-from specroute.launch.actuator import Actuator, Mode, Record
-from specroute.launch.readings import Traffic, estimates
 from specroute.planner import Change, Estimates, Plan, Planner, PlannerOptions, Setting
+from specroute.reconfigure.actuator import Actuator, Mode, Record
+from specroute.reconfigure.readings import Traffic, estimates
 
 __all__ = ["ProxyLink", "ReconfigureOptions", "Reconfigurer", "Restart", "replicas"]
 

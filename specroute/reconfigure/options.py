@@ -1,0 +1,99 @@
+"""The depth loop's flags (`specroute launch --reconfigure off|advise|auto`, the advisor) and
+their checks: a UsageError names the flag, and the command exits 2 before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import msgspec
+
+from specroute.cmdline import UsageError, parse_ints
+from specroute.reconfigure.loop import ReconfigureOptions
+
+__all__ = [
+    "add_arguments",
+    "add_planner_arguments",
+    "allowed_steps",
+    "planner_fields",
+    "reconfigure_options",
+]
+
+HELP = (
+    "depth follows load: 'advise' (the default) runs the planner and shows its plan at the "
+    "proxy's GET /plan, /metrics and /dashboard without touching a server; 'auto' carries it "
+    "out (drain, restart at the new depth, wait /ready, readmit; a failed start falls back to "
+    "the last good flags); 'off' runs no planner"
+)
+
+
+_DEFAULTS = ReconfigureOptions()
+
+
+def _steps_text(steps: tuple[int, ...]) -> str:
+    return ",".join(map(str, steps))
+
+
+# Flag tables read best one flag to a call.
+# fmt: off
+def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the planner may assign and how often: shared by `launch` and the advisor, with the
+    defaults of ReconfigureOptions."""
+    add = parser.add_argument
+    add("--allowed-steps", default=_steps_text(_DEFAULTS.allowed_steps), metavar="K,K,...",
+        help="depths the planner may give a server (0: no speculation)")
+    add("--min-dwell", type=float, default=_DEFAULTS.min_dwell_s, metavar="SECONDS",
+        help="least time between two depth changes of one server")
+    add("--planner-option", action="append", default=[], metavar="KEY=VALUE",
+        help="any other planner setting, e.g. objective=latency, settle_s=60, "
+        "regime_prior_s=600 (repeatable)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`specroute launch`'s depth-loop flags."""
+    add = parser.add_argument
+    add("--reconfigure", choices=("off", "advise", "auto"), default=_DEFAULTS.mode, help=HELP)
+    add_planner_arguments(parser)
+    add("--allow-adaptive", action="store_true",
+        help="the planner may also choose SGLang's --speculative-adaptive, tiers capped to "
+        "--allowed-steps")
+    add("--max-unavailable", type=int, default=_DEFAULTS.max_unavailable, metavar="N",
+        help="servers draining or restarting at once, at most")
+# fmt: on
+
+
+def planner_fields(items: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--planner-option takes KEY=VALUE, not {item!r}")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def allowed_steps(text: str) -> tuple[int, ...]:
+    """`--allowed-steps`: distinct depths >= 0, sorted; UsageError names the flag."""
+    allowed = parse_ints(text, "--allowed-steps", minimum=0)
+    if not allowed:
+        raise UsageError(f"--allowed-steps needs at least one depth, not {text!r}")
+    return tuple(sorted(set(allowed)))
+
+
+def reconfigure_options(args: argparse.Namespace) -> ReconfigureOptions:
+    """The loop's options from `launch`'s flags; UsageError names the flag at fault."""
+    allowed = allowed_steps(args.allowed_steps)
+    options = ReconfigureOptions(
+        mode=args.reconfigure,
+        allowed_steps=allowed,
+        allow_adaptive=args.allow_adaptive,
+        min_dwell_s=args.min_dwell,
+        max_unavailable=args.max_unavailable,
+        drain_s=args.drain,
+        planner=planner_fields(args.planner_option),
+    )
+    try:
+        options.planner_options()
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise UsageError(f"--planner-option / --max-unavailable: {exc}") from exc
+    return options
