@@ -1,9 +1,13 @@
-"""Speculation maths and the defaults every part shares: E_k and its inverse, SGLang's greedy
-rule, and the priors used before anything is measured. A leaf: stdlib only, no I/O."""
+"""The one performance model the router and the planner share, and the defaults every part
+uses: E_k, its inverse and the per-position acceptance curve fitted to the depths measured;
+T(b, k), the iteration time; SGLang's greedy rule; the priors used before anything is measured.
+A leaf: stdlib only, no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_INTERCEPT_S",
@@ -11,10 +15,14 @@ __all__ = [
     "DEFAULT_PER_TOKEN_S",
     "GREEDY_TEMPERATURE_EPS",
     "PRIOR_ALPHA",
+    "Curve",
+    "accept_length",
     "alpha_from_accept_length",
     "expected_tokens",
     "expected_tokens_of_rates",
+    "fit_curve",
     "is_greedy",
+    "iteration_time",
 ]
 
 DEFAULT_INTERCEPT_S = 0.02
@@ -71,3 +79,111 @@ def alpha_from_accept_length(accept_length: float, steps: int) -> float:
         else:
             high = mid
     return (low + high) / 2
+
+
+def iteration_time(intercept_s: float, per_token_s: float, batch: float, steps: int) -> float:
+    """T(b, k) = intercept + per_token * b * (k + 1): one engine iteration with `batch` running
+    requests at depth `steps` (each verifies k + 1 tokens)."""
+    return intercept_s + per_token_s * batch * (max(0, steps) + 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Per-position acceptance `a_j = first * decay ** (j - 1)` (at most 1): E_k at every depth
+    from two numbers. Comparing depths needs one smooth curve: a thinly sampled depth's own mean
+    would skew the comparison."""
+
+    first: float
+    decay: float
+
+    def at(self, steps: int) -> float:
+        total, run, rate = 1.0, 1.0, self.first
+        for _ in range(max(0, steps)):
+            run *= min(1.0, rate)
+            total += run
+            rate *= self.decay
+        return total
+
+
+def _curve_terms(first: float, decay: float, steps: int) -> tuple[float, float, float]:
+    """E_k(first, decay) = 1 + sum_m first^m decay^(m(m-1)/2) and its two partial derivatives
+    (no clipping is needed: both numbers stay in [0, 1])."""
+    value, d_first, d_decay = 1.0, 0.0, 0.0
+    for m in range(1, steps + 1):
+        power = m * (m - 1) / 2
+        term = first**m * decay**power
+        value += term
+        d_first += m * term / first if first > 0 else (1.0 if m == 1 else 0.0)
+        d_decay += power * term / decay if decay > 0 else 0.0
+    return value, d_first, d_decay
+
+
+def _clip(value: float, low: float, high: float) -> float:
+    return min(high, max(low, value))
+
+
+_DECAY_FLOOR = 0.05
+
+
+def _least_squares(lengths: Mapping[int, float], start: float) -> Curve:
+    """Levenberg-Marquardt on (first, decay) within [0, 1] x [0.05, 1]: two parameters and a
+    handful of depths, so a few dozen cheap steps (the router asks for a class's curve on the
+    request path; a derivative-free search cost milliseconds)."""
+
+    def cost(f: float, d: float) -> float:
+        return sum((_curve_terms(f, d, k)[0] - v) ** 2 for k, v in lengths.items())
+
+    first, decay, damping = _clip(start, 0.0, 1.0), 1.0, 1e-3
+    current = cost(first, decay)
+    for _ in range(60):
+        jff = jfd = jdd = gf = gd = 0.0
+        for k, v in lengths.items():
+            e, df, dd = _curve_terms(first, decay, k)
+            r = e - v
+            jff, jfd, jdd = jff + df * df, jfd + df * dd, jdd + dd * dd
+            gf, gd = gf + df * r, gd + dd * r
+        a, b, c = jff * (1 + damping), jfd, jdd * (1 + damping)
+        det = a * c - b * b
+        if det <= 1e-18:
+            break
+        step_f, step_d = (c * gf - b * gd) / det, (a * gd - b * gf) / det
+        f2, d2 = _clip(first - step_f, 0.0, 1.0), _clip(decay - step_d, _DECAY_FLOOR, 1.0)
+        trial = cost(f2, d2)
+        if trial < current:
+            moved = abs(f2 - first) + abs(d2 - decay)
+            first, decay, current, damping = f2, d2, trial, max(damping / 10, 1e-9)
+            if moved < 1e-10:
+                break
+        else:
+            damping *= 10
+            if damping > 1e9:
+                break
+    return Curve(first=first, decay=decay)
+
+
+def fit_curve(seen: Mapping[int, float], alpha: float) -> Curve:
+    """The curve closest (least squares) to the accept lengths measured at each depth; a
+    constant rate when one depth or none was measured (that depth's, else `alpha`)."""
+    return _fit(tuple(sorted((k, v) for k, v in seen.items() if k > 0)), alpha)
+
+
+@functools.lru_cache(maxsize=1024)
+def _fit(items: tuple[tuple[int, float], ...], alpha: float) -> Curve:
+    """`fit_curve` remembered by its exact inputs: one request's routing asks for the same
+    class's curve at every backend, and an estimate changes only when an outcome lands."""
+    lengths = dict(items)
+    if len(lengths) < 2:
+        if not lengths:
+            return Curve(first=alpha, decay=1.0)
+        ((k, v),) = lengths.items()
+        return Curve(first=alpha_from_accept_length(v, k), decay=1.0)
+    shallowest = min(lengths)
+    return _least_squares(lengths, alpha_from_accept_length(lengths[shallowest], shallowest))
+
+
+def accept_length(seen: Mapping[int, float], alpha: float, steps: int) -> float:
+    """E_k of a workload class at depth `steps`: its fitted curve (`fit_curve`) there. The router
+    and the planner both value a depth with this."""
+    if steps <= 0:
+        return 1.0
+    return fit_curve(seen, alpha).at(steps)

@@ -8,6 +8,9 @@ from hypothesis import strategies as st
 
 from specroute.bench.workload import Sampling
 from specroute.emulator.profiles import sampling_class
+from specroute.planner import Estimates
+from specroute.policies import ClassEstimate, PoolView
+from specroute.policies.predict import accept_length
 from specroute.speculation import (
     alpha_from_accept_length,
     expected_tokens,
@@ -73,3 +76,15 @@ def test_per_position_e_k_equals_the_constant_rate_form_and_falls_with_a_weak_po
     assert expected_tokens_of_rates([]) == 1.0
     # A rejected second draft caps the run: 1 + 0.9 + 0.9*0 + 0.
     assert expected_tokens_of_rates([0.9, 0.0, 0.9]) == pytest.approx(1.9)
+
+
+def test_router_and_planner_value_every_depth_of_a_class_alike() -> None:
+    """One performance model: what a policy predicts for a class at a depth is what the planner
+    forecasts with, at depths measured (noisy) and not."""
+    est = ClassEstimate(alpha=0.75, accept_length={1: 1.83, 2: 2.41, 3: 2.86})
+    view = PoolView(backends=(), classes={"code": est})
+    planner = Estimates(depths={}, classes={"code": est})
+    for k in range(8):
+        assert accept_length(view, "code", k) == planner.accept_length("code", k)
+    unseen = PoolView(backends=())
+    assert accept_length(unseen, "other", 3) == Estimates(depths={}).accept_length("other", 3)

@@ -1,7 +1,7 @@
 """The depth planner: which speculative depth each server should run as load shifts, and when
 a restart pays. Pure: the caller passes time, the pool's servers and the estimators."""
 
-from specroute.planner.estimates import Curve, DepthEstimate, Estimates, calibrated, fit_curve
+from specroute.planner.estimates import DepthEstimate, Estimates, calibrated
 from specroute.planner.forecast import (
     Forecast,
     Objective,
@@ -16,7 +16,6 @@ from specroute.planner.regime import Regime, RegimeTracker
 
 __all__ = [
     "Change",
-    "Curve",
     "DepthEstimate",
     "Estimates",
     "Forecast",
@@ -31,7 +30,6 @@ __all__ = [
     "Setting",
     "Tier",
     "calibrated",
-    "fit_curve",
     "forecast",
     "user_counts",
 ]

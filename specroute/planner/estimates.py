@@ -1,17 +1,17 @@
 """What the planner knows of each depth and each workload class: R(k) and T(b, k) per depth
-(bench priors corrected by what the running depths show), and E_k per class from a two-number
-curve of per-position acceptance fitted to the depths measured."""
+(bench priors corrected by what the running depths show), and E_k per class from the shared
+model's acceptance curve (`specroute.speculation`), as the router values it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import msgspec
 
 from specroute.policies import ClassEstimate
-from specroute.speculation import PRIOR_ALPHA, alpha_from_accept_length
+from specroute.speculation import PRIOR_ALPHA, Curve, fit_curve, iteration_time
 
-__all__ = ["Curve", "DepthEstimate", "Estimates", "calibrated", "fit_curve"]
+__all__ = ["DepthEstimate", "Estimates", "calibrated"]
 
 
 class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,7 +23,7 @@ class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
     per_token_s: float
 
     def iteration_time(self, batch: float) -> float:
-        return self.intercept_s + self.per_token_s * batch * (self.steps + 1)
+        return iteration_time(self.intercept_s, self.per_token_s, batch, self.steps)
 
 
 def calibrated(
@@ -48,60 +48,6 @@ def calibrated(
     }
 
 
-class Curve(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-position acceptance `a_j = first * decay ** (j - 1)` (at most 1): E_k at every
-    depth from two numbers, least-squares fitted to the depths measured. Planning compares
-    depths with each other, so one smooth curve beats a thinly sampled depth's own mean."""
-
-    first: float
-    decay: float
-
-    def at(self, steps: int) -> float:
-        total, run, rate = 1.0, 1.0, self.first
-        for _ in range(max(0, steps)):
-            run *= min(1.0, rate)
-            total += run
-            rate *= self.decay
-        return total
-
-
-def _least(f: Callable[[float], float], low: float, high: float) -> float:
-    """The x in [low, high] where the unimodal `f` is least (golden-section search)."""
-    ratio = (5**0.5 - 1) / 2
-    a, b = low, high
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = f(c), f(d)
-    for _ in range(24):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = f(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = f(d)
-    return (a + b) / 2
-
-
-def fit_curve(seen: Mapping[int, float], alpha: float) -> Curve:
-    """The curve closest to the measured accept lengths (a constant rate when one depth or
-    none was measured: that depth's, else `alpha`)."""
-    depths = [k for k in sorted(seen) if k > 0]
-    if len(depths) < 2:
-        rate = alpha_from_accept_length(seen[depths[0]], depths[0]) if depths else alpha
-        return Curve(first=rate, decay=1.0)
-
-    def error(first: float, decay: float) -> float:
-        curve = Curve(first=first, decay=decay)
-        return sum((curve.at(k) - seen[k]) ** 2 for k in depths)
-
-    def first_for(decay: float) -> float:
-        return _least(lambda a: error(a, decay), 0.0, 1.0)
-
-    decay = _least(lambda q: error(first_for(q), q), 0.05, 1.0)
-    return Curve(first=first_for(decay), decay=decay)
-
-
 class Estimates(msgspec.Struct, frozen=True, kw_only=True):
     """The estimators the planner reads: every depth it may assign, acceptance per class."""
 
@@ -117,5 +63,5 @@ class Estimates(msgspec.Struct, frozen=True, kw_only=True):
         return fit_curve(est.accept_length, est.alpha)
 
     def accept_length(self, klass: str, steps: int) -> float:
-        """E_k for `klass`, from its fitted curve."""
+        """E_k for `klass`, from its fitted curve (the router's value too)."""
         return self.curve(klass).at(steps)

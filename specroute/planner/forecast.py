@@ -14,7 +14,8 @@ from typing import Literal
 
 import msgspec
 
-from specroute.planner.estimates import Curve, Estimates
+from specroute.planner.estimates import Estimates
+from specroute.speculation import Curve
 
 __all__ = [
     "Forecast",

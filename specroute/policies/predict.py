@@ -1,8 +1,9 @@
 """What a request would get on each backend, from the pool's estimates: its own speed, the
 change in the backend's (so the pool's) throughput, and its queue wait past capacity.
 
-Pure arithmetic on a `PoolView`; `T(b) = intercept + per_token * b * (steps + 1)` per backend
-and `E_k` per class, as in the design's equations.
+Pure arithmetic on a `PoolView` with the one performance model (`specroute.speculation`): T(b, k)
+per backend from its fitted iteration time, E_k per class from its fitted acceptance curve, the
+same values the planner uses.
 """
 
 from __future__ import annotations
@@ -11,14 +12,10 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from specroute import speculation
 from specroute.policies.groups import batch
 from specroute.policies.types import BackendView, PoolView
-from specroute.speculation import (
-    DEFAULT_INTERCEPT_S,
-    DEFAULT_OUTPUT_TOKENS,
-    DEFAULT_PER_TOKEN_S,
-    expected_tokens,
-)
+from specroute.speculation import DEFAULT_INTERCEPT_S, DEFAULT_OUTPUT_TOKENS, DEFAULT_PER_TOKEN_S
 
 __all__ = [
     "Prediction",
@@ -58,15 +55,12 @@ def with_room(backends: Sequence[BackendView]) -> Sequence[BackendView]:
 
 
 def accept_length(view: PoolView, klass: str, steps: int) -> float:
-    """Tokens per verify for `klass` at depth `steps`: measured at that depth if seen, else
-    from the class's alpha, else from the pool's prior."""
-    if steps <= 0:
-        return 1.0
+    """Tokens per verify for `klass` at depth `steps`: the class's acceptance curve fitted to
+    the depths it was measured at, else the pool's prior rate."""
     est = view.classes.get(klass)
     if est is None:
-        return expected_tokens(view.prior_alpha, steps)
-    seen = est.accept_length.get(steps)
-    return seen if seen is not None else expected_tokens(est.alpha, steps)
+        return speculation.accept_length({}, view.prior_alpha, steps)
+    return speculation.accept_length(est.accept_length, est.alpha, steps)
 
 
 def mean_tokens(view: PoolView, klass: str, default: float = DEFAULT_OUTPUT_TOKENS) -> float:
@@ -81,7 +75,7 @@ def iteration_time(backend: BackendView, batch: float) -> float:
     s = backend.iteration_per_token_s
     a = DEFAULT_INTERCEPT_S if a is None else a
     s = DEFAULT_PER_TOKEN_S if s is None else s
-    return a + s * batch * ((backend.steps or 0) + 1)
+    return speculation.iteration_time(a, s, batch, backend.steps or 0)
 
 
 class Prediction(msgspec.Struct, frozen=True, kw_only=True):
