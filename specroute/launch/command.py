@@ -13,19 +13,13 @@ from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
 from specroute.launch.argv import (
-    ALGORITHMS,
-    DEFAULT_MAX_RUNNING_REQUESTS,
-    EMULATED_MODEL,
     LaunchOptions,
     LaunchPlan,
     PlanError,
     build_plan,
     format_plan,
-    parse_gpus,
-    parse_per_depth_args,
-    parse_per_depth_counts,
-    parse_steps,
 )
+from specroute.launch.flags import add_server_arguments, server_options
 from specroute.launch.restarts import attach, with_admin_key
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create, pinned_depth
@@ -52,29 +46,12 @@ def register(subparsers: Subcommands) -> None:
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("--model", default=None, help="model path or Hugging Face id (required unless --emulate)")
     add("--steps", required=True, help="comma-separated depths, one server each, e.g. 1,2,3")
-    add("--algorithm", choices=ALGORITHMS, default="NEXTN",
-        help="NEXTN: the model's built-in MTP head; EAGLE/EAGLE3 need --draft-model")
-    add("--draft-model", default=None, help="draft model path (EAGLE, EAGLE3)")
-    add("--tp", type=int, default=1, help="GPUs per server (tensor parallel size)")
-    add("--gpus", default="all", help="GPU indices to share out in order, or 'all'")
+    add_server_arguments(parser, base_port_help="first server's port; the next get +1, +2")
     add("--host", default=None,
         help="address the proxy listens on (default: the config's host, else 127.0.0.1)")
     add("--port", type=int, default=None,
         help="the proxy's port (default: the config's port, else 8000)")
-    add("--server-host", default="127.0.0.1",
-        help="address the SGLang servers listen on; they take no keys, so keep it private")
-    add("--base-port", type=int, default=30000, help="first server's port; the next get +1, +2")
-    add("--max-running-requests", default=str(DEFAULT_MAX_RUNNING_REQUESTS), metavar="N|K=N,...",
-        help="per server: one N for all, or per depth, 1=26,2=21,3=17 (a bare N for the rest); "
-        "SGLang resets an unset value to 48 under speculation")
-    add("--sglang-arg", action="append", default=[], metavar="[K:]ARG",
-        help="extra SGLang flag, repeatable: --sglang-arg=--mem-fraction-static=0.8 for every "
-        "server, --sglang-arg=3:--mem-fraction-static=0.85 for the depth-3 one")
-    add("--emulator-arg", action="append", default=[], metavar="[K:]ARG",
-        help="extra `specroute emulate` flag with --emulate, e.g. --emulator-arg=--time-scale=5 "
-        "(K: as for --sglang-arg)")
     add("--config", default=None, metavar="FILE",
         help="the proxy's TOML settings (`specroute config example`); its backends are replaced "
         "by the launched servers")
@@ -92,10 +69,6 @@ def register(subparsers: Subcommands) -> None:
         help="on stop, and before a depth change (--reconfigure auto), how long a process may "
         "take to finish its requests")
     add("--dry-run", action="store_true", help="print the commands and environment, start nothing")
-    add("--emulate", action="store_true",
-        help="run emulated servers (`specroute emulate`) instead of SGLang: no GPU needed")
-    add("--no-sglang-check", action="store_true",
-        help="skip checking the command lines with SGLang's resolver")
     reconfigure_flags.add_arguments(parser)
     parser.set_defaults(run=run, parser=parser)
 # fmt: on
@@ -136,35 +109,15 @@ def _proxy_env(args: argparse.Namespace) -> dict[str, str]:
 
 def options_from_args(args: argparse.Namespace, config: Config | None = None) -> LaunchOptions:
     """The launch options; raises PlanError naming the flag at fault."""
-    model = args.model or (EMULATED_MODEL if args.emulate else None)
-    if model is None:
-        raise PlanError("--model PATH is required (or --emulate)")
     config = config or proxy_config(args)
-    every, by_depth = parse_per_depth_counts(args.max_running_requests, "--max-running-requests")
-    sglang_args, sglang_by_depth = parse_per_depth_args(args.sglang_arg)
-    emulator_args, emulator_by_depth = parse_per_depth_args(args.emulator_arg)
-    return LaunchOptions(
-        model=model,
-        steps=parse_steps(args.steps),
-        algorithm=args.algorithm,
-        draft_model=args.draft_model,
-        tp=args.tp,
-        gpus=parse_gpus(args.gpus),
-        host=args.server_host,
+    return server_options(
+        args,
         proxy_host=config.host,
         port=config.port,
-        base_port=args.base_port,
-        max_running_requests=every or DEFAULT_MAX_RUNNING_REQUESTS,
-        max_running_by_depth=by_depth,
-        sglang_args=sglang_args,
-        sglang_args_by_depth=sglang_by_depth,
-        emulator_args=emulator_args,
-        emulator_args_by_depth=emulator_by_depth,
         policy=config.policy,
         proxy_config=str(args.config) if args.config is not None else None,
         proxy_env=_proxy_env(args),
         prior=str(Path(args.prior).resolve()) if args.prior else None,
-        emulate=args.emulate,
     )
 
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 
-from specroute.cmdline import Subcommands
-from specroute.launch.argv import ALGORITHMS, EMULATED_MODEL, PlanError, parse_gpus, parse_steps
+from specroute.cmdline import Subcommands, UsageError, parse_ints
+from specroute.launch.argv import PlanError
+from specroute.launch.flags import add_server_arguments, server_options
 
 __all__ = ["register", "run"]
 
@@ -38,11 +39,9 @@ PROMPT_LIMIT = 2000
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+        return parse_ints(text, "--concurrency", minimum=1)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _floats(text: str) -> list[float]:
@@ -64,8 +63,9 @@ def register(subparsers: Subcommands) -> None:
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("--model", default=None, help="model path or Hugging Face id (required unless --emulate)")
     add("--steps", default="0,1,2,3,4", help="comma-separated depths (0: no speculation)")
+    add_server_arguments(parser, base_port_help="the port every server takes in turn")
+    add("--host", dest="server_host", help=argparse.SUPPRESS)  # before --server-host existed
     add("--adaptive", action="store_true", help="also measure an SGLang-adaptive server")
     add("--adaptive-config", default=None, metavar="JSON", help="its --speculative-adaptive-config")
     add("--concurrency", type=_ints, default=(1, 4, 16, 32, 64), help="comma-separated levels")
@@ -85,26 +85,11 @@ def register(subparsers: Subcommands) -> None:
     add("--out", type=Path, default=Path("specroute-tune"), help="results, logs, report, prior")
     add("--force", action="store_true", help="measure again the depths already saved")
     add("--dry-run", action="store_true", help="print every server's command line, start nothing")
-    add("--algorithm", choices=ALGORITHMS, default="NEXTN",
-        help="NEXTN: the model's built-in MTP head; EAGLE/EAGLE3 need --draft-model")
-    add("--draft-model", default=None, help="draft model path (EAGLE, EAGLE3)")
-    add("--tp", type=int, default=1, help="GPUs per server (tensor parallel size)")
-    add("--gpus", default="all", help="GPU indices the servers use (one server at a time)")
-    add("--host", default="127.0.0.1", help="address the servers listen on")
-    add("--base-port", type=int, default=30000, help="the port every server takes in turn")
-    add("--max-running-requests", type=int, default=48,
-        help="passed to every server (SGLang resets an unset value to 48 under speculation)")
-    add("--sglang-arg", action="append", default=[], metavar="ARG",
-        help="extra SGLang flag, repeatable: --sglang-arg=--mem-fraction-static=0.8")
     add("--ready-timeout", type=float, default=1800.0, metavar="SECONDS",
         help="how long a server may take to load")
-    add("--no-sglang-check", action="store_true", help="skip SGLang's check of the command lines")
-    add("--emulate", action="store_true", help="emulated servers (`specroute emulate`): no GPU")
     add("--profile", choices=sorted(PROFILES), default=DEFAULT_PROFILE, help="with --emulate")
     add("--time-scale", type=float, default=1.0,
         help="with --emulate: emulated GPUs X times faster; figures are scaled back")
-    add("--emulator-arg", action="append", default=[], metavar="ARG",
-        help="extra `specroute emulate` flag, e.g. --emulator-arg=--startup-s=profile")
     add("--seed", type=int, default=0, help="seeds prompts and sampling")
     parser.set_defaults(run=run, parser=parser)
 # fmt: on
@@ -113,26 +98,9 @@ def register(subparsers: Subcommands) -> None:
 def options_from_args(args: argparse.Namespace) -> Any:
     """The tune's options; raises PlanError or ValueError naming the flag at fault."""
     from specroute.bench.workload import PromptSettings
-    from specroute.launch.argv import LaunchOptions
     from specroute.tune.layout import TuneOptions, traffic_kinds
 
-    model = args.model or (EMULATED_MODEL if args.emulate else None)
-    if model is None:
-        raise PlanError("--model PATH is required (or --emulate)")
-    launch = LaunchOptions(
-        model=model,
-        steps=parse_steps(args.steps),
-        algorithm=args.algorithm,
-        draft_model=args.draft_model,
-        tp=args.tp,
-        gpus=parse_gpus(args.gpus),
-        host=args.host,
-        base_port=args.base_port,
-        max_running_requests=args.max_running_requests,
-        sglang_args=tuple(args.sglang_arg),
-        emulator_args=tuple(args.emulator_arg),
-        emulate=args.emulate,
-    )
+    launch = server_options(args)
     traffic = traffic_kinds(
         args.temperature, max_tokens=args.max_tokens, top_p=args.top_p, ignore_eos=args.ignore_eos
     )

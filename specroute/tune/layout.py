@@ -85,6 +85,8 @@ class Measurement(msgspec.Struct, frozen=True, kw_only=True):
     tp: int
     max_running_requests: int
     server_args: tuple[str, ...]
+    max_running_by_depth: dict[int, int] = {}
+    server_args_by_depth: dict[int, tuple[str, ...]] = {}
     emulate: bool
     profile: str | None
     time_scale: float
@@ -130,11 +132,19 @@ def _server(options: TuneOptions, steps: int, adaptive: bool, gpus: tuple[int, .
     if launch.emulate:
         profile = ["--profile", options.profile] if options.profile else []
         emulator_args = [*profile, "--time-scale", f"{options.time_scale:g}", *emulator_args]
+    only = {k: v for k, v in launch.max_running_by_depth.items() if k == steps}
     one = msgspec.structs.replace(
         launch,
         steps=(steps,),
+        max_running_by_depth=only,
         sglang_args=(*launch.sglang_args, *extra),
+        sglang_args_by_depth={
+            k: v for k, v in launch.sglang_args_by_depth.items() if k == steps
+        },
         emulator_args=(*emulator_args, *extra),
+        emulator_args_by_depth={
+            k: v for k, v in launch.emulator_args_by_depth.items() if k == steps
+        },
     )
     process = build_plan(one, gpus).servers[0]
     label = ADAPTIVE_LABEL if adaptive else process.name
@@ -165,6 +175,10 @@ def measurement(options: TuneOptions, prompts: str) -> Measurement:
         tp=launch.tp,
         max_running_requests=launch.max_running_requests,
         server_args=launch.emulator_args if launch.emulate else launch.sglang_args,
+        max_running_by_depth=launch.max_running_by_depth,
+        server_args_by_depth=(
+            launch.emulator_args_by_depth if launch.emulate else launch.sglang_args_by_depth
+        ),
         emulate=launch.emulate,
         profile=options.profile,
         time_scale=options.time_scale,
