@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_PER_TOKEN_S",
     "GREEDY_TEMPERATURE_EPS",
     "PRIOR_ALPHA",
+    "SPECULATIVE_DEFAULT_MAX_RUNNING",
     "Curve",
     "accept_length",
     "alpha_from_accept_length",
@@ -24,6 +25,11 @@ __all__ = [
     "is_greedy",
     "iteration_time",
 ]
+
+SPECULATIVE_DEFAULT_MAX_RUNNING = 48
+"""SGLang's `--max-running-requests` when a speculative server is started without it: every
+speculative algorithm resets an unset value to 48 (`ServerArgs._handle_speculative_decoding`
+in `python/sglang/srt/server_args.py`, 0.5.23). The launcher passes it explicitly."""
 
 DEFAULT_INTERCEPT_S = 0.02
 """Iteration time at an empty batch before any is measured (seconds)."""

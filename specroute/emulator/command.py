@@ -14,9 +14,10 @@ import uvicorn
 from specroute.cmdline import Subcommands
 from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.faults import EXIT_STATUS
-from specroute.emulator.options import SPEC_ALGORITHMS, EmulatorOptions
+from specroute.emulator.options import SGLANG_PORT, SPEC_ALGORITHMS, EmulatorOptions
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.logs import configure_logging
+from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
 __all__ = ["options_from_args", "register", "run"]
 
@@ -72,10 +73,10 @@ def _server_flags(group: argparse._ArgumentGroup) -> None:
     add("--steps", type=int, required=True, default=argparse.SUPPRESS,
         help="--speculative-num-steps; 0 runs without speculation")
     add("--host", default="127.0.0.1", help="address to listen on")
-    add("--port", type=int, default=30000, help="SGLang's default port")
+    add("--port", type=int, default=SGLANG_PORT, help="SGLang's default port")
     add("--max-running-requests", type=int, default=None,
         help="a cap: the server runs at most this and what memory holds at its deepest depth "
-        "(default: SGLang's 48 for a speculative server)")
+        f"(default: SGLang's {SPECULATIVE_DEFAULT_MAX_RUNNING} for a speculative server)")
     add("--model-name", default=None, help="served model name (default: the profile's model)")
     add("--speculative-algorithm", choices=SPEC_ALGORITHMS, default=None,
         help="default NEXTN when --steps > 0 (reported as EAGLE, as SGLang does)")

@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig, AdaptiveSteps
 from specroute.emulator.profiles import Profile
+from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
-__all__ = ["SPECULATIVE_DEFAULT_MAX_RUNNING", "Emission", "Engine", "Iteration", "Req"]
-
-SPECULATIVE_DEFAULT_MAX_RUNNING = 48
-"""SGLang's `--max-running-requests` when a speculative server is started without it."""
+__all__ = ["Emission", "Engine", "Iteration", "Req"]
 
 
 @dataclass(slots=True, eq=False)

@@ -13,7 +13,7 @@ from specroute.emulator.adaptive import (
 )
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 
-__all__ = ["SPEC_ALGORITHMS", "EmulatorOptions"]
+__all__ = ["SGLANG_PORT", "SPEC_ALGORITHMS", "EmulatorOptions"]
 
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 """Algorithms the emulator accepts; NEXTN resolves to EAGLE, as in SGLang."""
@@ -22,13 +22,17 @@ Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
 
 
+SGLANG_PORT = 30000
+"""SGLang's default `--port`."""
+
+
 class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything `specroute emulate` accepts; defaults match SGLang's where it has one."""
 
     steps: Annotated[int, msgspec.Meta(ge=0, le=16)]
     """`--speculative-num-steps`; 0 runs without speculation."""
     host: str = "127.0.0.1"
-    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = SGLANG_PORT
     profile: str = DEFAULT_PROFILE
     max_running_requests: Count | None = None
     """A cap under the memory-bound capacity; None: SGLang's default (48 when speculative)."""

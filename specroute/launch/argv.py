@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from specroute.cmdline import UsageError, parse_ints
+from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
 __all__ = [
     "ALGORITHMS",
@@ -30,8 +31,6 @@ __all__ = [
 ]
 
 ALGORITHMS = ("NEXTN", "EAGLE", "EAGLE3")
-# Every speculative algorithm resets an unset --max-running-requests to 48: say it explicitly.
-DEFAULT_MAX_RUNNING_REQUESTS = 48
 # `--emulate` without `--model`: the emulator serves its profile's model name.
 EMULATED_MODEL = "emulated"
 # The proxy's keys travel in its environment, never on its command line (`ps` shows that).
@@ -64,7 +63,7 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     proxy_host: str = "127.0.0.1"
     port: Port = 8000
     base_port: Port = 30000
-    max_running_requests: Count = DEFAULT_MAX_RUNNING_REQUESTS
+    max_running_requests: Count = SPECULATIVE_DEFAULT_MAX_RUNNING  # said explicitly
     max_running_by_depth: dict[Depth, Count] = {}
     sglang_args: tuple[str, ...] = ()
     sglang_args_by_depth: dict[Depth, tuple[str, ...]] = {}

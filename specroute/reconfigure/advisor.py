@@ -27,6 +27,7 @@ from specroute.planner import Setting
 from specroute.reconfigure.actuator import Actuator, Slot
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
+from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
 __all__ = ["Advisor", "FanoutLink", "main"]
 
@@ -64,7 +65,13 @@ class Advisor(Reconfigurer):
     """The planner in `advise` over the pool as it is: servers come and go with the pods."""
 
     def __init__(self, options: ReconfigureOptions, link: ProxyLink, startup_s: float) -> None:
-        super().__init__(options, link, Actuator("advise", []), _never, limit=lambda k: 48)
+        super().__init__(
+            options,
+            link,
+            Actuator("advise", []),
+            _never,
+            limit=lambda k: SPECULATIVE_DEFAULT_MAX_RUNNING,
+        )
         self.startup_s = startup_s
 
     async def tick(self) -> None:

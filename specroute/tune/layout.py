@@ -138,9 +138,7 @@ def _server(options: TuneOptions, steps: int, adaptive: bool, gpus: tuple[int, .
         steps=(steps,),
         max_running_by_depth=only,
         sglang_args=(*launch.sglang_args, *extra),
-        sglang_args_by_depth={
-            k: v for k, v in launch.sglang_args_by_depth.items() if k == steps
-        },
+        sglang_args_by_depth={k: v for k, v in launch.sglang_args_by_depth.items() if k == steps},
         emulator_args=(*emulator_args, *extra),
         emulator_args_by_depth={
             k: v for k, v in launch.emulator_args_by_depth.items() if k == steps

@@ -20,6 +20,7 @@ from specroute.emulator.seed import (
 )
 from specroute.launch.argv import EMULATED_MODEL
 from specroute.profile_format import Point, Profile, Target, Traffic
+from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 from specroute.tune.layout import ServerPlan, TuneLayout, TuneOptions
 from specroute.tune.recommend import Advice, advise
 from specroute.tune.run import DepthResult
@@ -196,7 +197,7 @@ def launch_command(options: TuneOptions, servers: Sequence[ServerPlan], prior: s
         parts += ["--draft-model", launch.draft_model]
     if launch.tp != 1:
         parts += ["--tp", str(launch.tp)]
-    if launch.max_running_requests != 48:
+    if launch.max_running_requests != SPECULATIVE_DEFAULT_MAX_RUNNING:
         parts += ["--max-running-requests", str(launch.max_running_requests)]
     flag = "--emulator-arg" if launch.emulate else "--sglang-arg"
     extra = list(launch.emulator_args if launch.emulate else launch.sglang_args)
