@@ -95,7 +95,7 @@ class Responder:
             return meta
         meta["e2e_latency"] = job.finished_at - job.created
         if self.speculative and seq.verify_ct > 0 and seq.proposed_drafts > 0:
-            meta["spec_accept_rate"] = seq.correct_drafts / seq.proposed_drafts
+            meta["spec_accept_rate"] = seq.accept_rate
             meta["spec_accept_length"] = job.produced / seq.verify_ct
             meta["spec_num_correct_drafts"] = seq.correct_drafts
             meta["spec_num_proposed_drafts"] = seq.proposed_drafts

@@ -149,6 +149,3 @@ class Actuator:
             )
             for s in self.slots.values()
         ]  # fmt: skip
-
-    def pending(self) -> list[Slot]:
-        return [s for s in self.slots.values() if s.phase != "serving"]
