@@ -88,7 +88,7 @@ def check_initial_steps(steps: int, config: AdaptiveConfig) -> None:
         )
 
 
-class _Slot:
+class _TierState:
     """One tier's controller: its depth, its EMA of accepted drafts, its batch count."""
 
     __slots__ = ("batches", "candidates", "ema", "steps", "tier")
@@ -148,7 +148,7 @@ class AdaptiveSteps:
         self.config = config
         tiers = sorted(config.tiers, key=lambda t: t.smallest_batch)
         self._keys = [t.smallest_batch for t in tiers]
-        self._slots = [_Slot(t, initial_steps) for t in tiers]
+        self._slots = [_TierState(t, initial_steps) for t in tiers]
 
     def steps_for(self, batch_size: int) -> int:
         """The depth a decode batch of `batch_size` runs at now."""
@@ -162,7 +162,7 @@ class AdaptiveSteps:
         """The candidate depths a batch of this size chooses among."""
         return tuple(self._slot(batch_size).candidates)
 
-    def _slot(self, batch_size: int) -> _Slot:
+    def _slot(self, batch_size: int) -> _TierState:
         graph = bisect.bisect_left(GRAPH_BATCH_SIZES, batch_size)
         if graph < len(GRAPH_BATCH_SIZES):
             batch_size = GRAPH_BATCH_SIZES[graph]

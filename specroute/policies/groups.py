@@ -48,7 +48,7 @@ def _always(_: BackendView) -> bool:
     return True
 
 
-class _Slot:
+class _Member:
     __slots__ = ("group", "level", "name", "position", "view")
 
     def __init__(self, view: BackendView, position: int, group: Group) -> None:
@@ -58,7 +58,7 @@ class _Slot:
         self.group = group
         self.level = level(view)
 
-    def __lt__(self, other: _Slot) -> bool:
+    def __lt__(self, other: _Member) -> bool:
         return self.position < other.position
 
 
@@ -71,20 +71,20 @@ class Group:
         self.key = key
         self.steps, self.adaptive, self.capacity = key
         # Each bucket as (position, slot), in pool order: tuples compare in C, without the slot.
-        self._buckets: dict[int, list[tuple[int, _Slot]]] = {}
+        self._buckets: dict[int, list[tuple[int, _Member]]] = {}
         self._levels: list[int] = []  # the levels that have members, ascending
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets.values())
 
-    def _add(self, slot: _Slot) -> None:
+    def _add(self, slot: _Member) -> None:
         bucket = self._buckets.get(slot.level)
         if bucket is None:
             bucket = self._buckets[slot.level] = []
             bisect.insort(self._levels, slot.level)
         bisect.insort(bucket, (slot.position, slot))
 
-    def _drop(self, slot: _Slot) -> None:
+    def _drop(self, slot: _Member) -> None:
         bucket = self._buckets[slot.level]
         del bucket[bisect.bisect_left(bucket, (slot.position,))]
         if not bucket:
@@ -114,9 +114,9 @@ class Groups:
     capacity. `put` a backend's new view whenever its load, health or estimates change."""
 
     def __init__(self) -> None:
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, _Member] = {}
         self._groups: dict[GroupKey, Group] = {}
-        self._order: list[_Slot] = []  # by position: round robin
+        self._order: list[_Member] = []  # by position: round robin
         self.batch_total = 0
         self.capacity_total = 0
         self._unknown_capacity = 0
@@ -170,7 +170,7 @@ class Groups:
         group = self._groups.get(key)
         if group is None:
             group = self._groups[key] = Group(key)
-        slot = _Slot(view, position, group)
+        slot = _Member(view, position, group)
         group._add(slot)
         self._slots[view.name] = slot
         bisect.insort(self._order, slot)

@@ -12,11 +12,11 @@ import msgspec
 
 from specroute.planner import Change, Plan, ServerState, Setting
 
-__all__ = ["Actuator", "Mode", "Outcome", "Phase", "Record", "Slot"]
+__all__ = ["Actuator", "ChangeResult", "Mode", "Phase", "Record", "Slot"]
 
 Mode = Literal["off", "advise", "auto"]
 Phase = Literal["serving", "draining", "restarting"]
-Outcome = Literal["done", "fell_back", "failed"]
+ChangeResult = Literal["done", "fell_back", "failed"]
 """done: it serves at the new depth; fell_back: the new flags failed and the last good ones
 serve again; failed: neither came up (the supervisor keeps trying the last good flags)."""
 
@@ -48,7 +48,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     server: str
     before: str
     after: str
-    outcome: Outcome
+    outcome: ChangeResult
     took_s: float
     reason: str
     error: str = ""
@@ -72,7 +72,7 @@ class Actuator:
         now = clock()
         self.slots = {n: Slot(name=n, setting=s, startup_s=t, since=now) for n, s, t in servers}
         self.history: list[Record] = []
-        self.outcomes: dict[Outcome, int] = {"done": 0, "fell_back": 0, "failed": 0}
+        self.outcomes: dict[ChangeResult, int] = {"done": 0, "fell_back": 0, "failed": 0}
 
     def admit(self, plan: Plan) -> list[Change]:
         """The plan's changes to begin now: in `auto` only, on serving servers; each one is
@@ -118,7 +118,7 @@ class Actuator:
         """The change could not go on (the proxy stopped answering): over, `failed`."""
         return self._finish(self.slots[name], "failed", error)
 
-    def _finish(self, slot: Slot, outcome: Outcome, error: str = "") -> Record:
+    def _finish(self, slot: Slot, outcome: ChangeResult, error: str = "") -> Record:
         now = self.clock()
         target = slot.target or slot.setting
         record = Record(
