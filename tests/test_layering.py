@@ -50,8 +50,8 @@ LEAVES = frozenset(
 """Modules anyone may import: no I/O of their own, and they import only other leaves."""
 
 ENTRIES = frozenset({"__main__", "cli", "demo", "calibrate"})
-"""Commands that assemble the parts (the demo and calibration run emulators in-process);
-only other commands import them."""
+"""Commands that assemble the parts (the demo and calibration spawn emulated servers); only
+other commands import them."""
 
 Edge = tuple[str, str, str, int]  # importer part, imported part, file, line
 
