@@ -11,9 +11,9 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, ParamSpec
 
 import httpx
 
@@ -31,6 +31,8 @@ __all__ = [
     "wait_ready",
     "wait_ready_sync",
 ]
+
+P = ParamSpec("P")
 
 Output = int | IO[bytes] | None  # what Popen takes for stdout and stderr
 
@@ -140,28 +142,15 @@ async def wait_ready(
             await asyncio.sleep(poll_s)
 
 
-def wait_ready_sync(
-    url: str,
-    *,
-    process: subprocess.Popen[bytes] | None = None,
-    within: float = 30.0,
-    poll_s: float = 0.05,
-    name: str | None = None,
-    output: Path | None = None,
-    connect_only: bool = False,
-) -> None:
-    """`wait_ready` for code that has no event loop running (tests, benchmark scripts)."""
-    asyncio.run(
-        wait_ready(
-            url,
-            process=process,
-            within=within,
-            poll_s=poll_s,
-            name=name,
-            output=output,
-            connect_only=connect_only,
-        )
-    )
+def _blocking(wait: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        asyncio.run(wait(*args, **kwargs))
+
+    run.__doc__ = f"`{wait.__name__}` for code with no event loop running (tests, benchmarks)."
+    return run
+
+
+wait_ready_sync = _blocking(wait_ready)
 
 
 def _settle(future: asyncio.Future[None]) -> None:

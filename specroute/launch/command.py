@@ -19,7 +19,7 @@ from specroute.launch.argv import (
     build_plan,
     format_plan,
 )
-from specroute.launch.flags import add_server_arguments, server_options
+from specroute.launch.flags import add_server_arguments, host_gpus, server_options
 from specroute.launch.restarts import attach, with_admin_key
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create, pinned_depth
@@ -156,20 +156,12 @@ def _loopback(host: str) -> bool:
 
 
 def _plan(args: argparse.Namespace) -> LaunchPlan:
-    from specroute.launch.launcher import detect_gpus
-
     config = proxy_config(args)
     options = options_from_args(args, config)
     _check_policy_depth(config, options)
     for note in _exposure_notes(config, options):
         print(f"specroute launch: {note}", file=sys.stderr)
-    detected = () if options.emulate or options.gpus is not None else detect_gpus()
-    if not options.emulate and options.gpus is None and not detected:
-        raise PlanError(
-            "--gpus all: no GPU found (CUDA_VISIBLE_DEVICES unset, nvidia-smi absent or silent); "
-            "pass --gpus 0,1,... explicitly, or --emulate"
-        )
-    return build_plan(options, detected)
+    return build_plan(options, host_gpus(options))
 
 
 def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | None] | None:

@@ -16,8 +16,9 @@ from specroute.launch.argv import (
     parse_per_depth_counts,
     parse_steps,
 )
+from specroute.launch.launcher import detect_gpus
 
-__all__ = ["add_server_arguments", "server_options"]
+__all__ = ["add_server_arguments", "host_gpus", "server_options"]
 
 _DEFAULTS = LaunchOptions(model=EMULATED_MODEL, steps=(1,))
 
@@ -81,3 +82,17 @@ def server_options(args: argparse.Namespace, **proxy: Any) -> LaunchOptions:
         emulate=args.emulate,
         **proxy,
     )
+
+
+def host_gpus(options: LaunchOptions) -> tuple[int, ...]:
+    """The GPUs `--gpus all` shares out: every one this host has (none needed for --emulate or
+    an explicit list). PlanError when there are none to find."""
+    if options.emulate or options.gpus is not None:
+        return ()
+    detected = detect_gpus()
+    if not detected:
+        raise PlanError(
+            "--gpus all: no GPU found (CUDA_VISIBLE_DEVICES unset, nvidia-smi absent or silent); "
+            "pass --gpus 0,1,... explicitly, or --emulate"
+        )
+    return detected

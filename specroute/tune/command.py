@@ -15,9 +15,26 @@ from typing import Any
 
 import msgspec
 
+from specroute.bench.dataset import DatasetError, read_prompts
+from specroute.bench.workload import PromptSettings
 from specroute.cmdline import Subcommands, UsageError, parse_ints
+from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.launch.argv import PlanError
-from specroute.launch.flags import add_server_arguments, server_options
+from specroute.launch.flags import add_server_arguments, host_gpus, server_options
+from specroute.launch.launcher import validate_with_sglang
+from specroute.launch.sglang_check import sglang_installed
+from specroute.logs import configure_logging
+from specroute.tune.files import write_outputs
+from specroute.tune.layout import (
+    ServerPlan,
+    TuneLayout,
+    TuneOptions,
+    measurement,
+    server_plans,
+    traffic_kinds,
+)
+from specroute.tune.progress import TuneProgress
+from specroute.tune.run import Tuner
 
 __all__ = ["register", "run"]
 
@@ -56,8 +73,6 @@ def _floats(text: str) -> list[float]:
 # Flag tables read best one flag to a call; the formatter would explode each call.
 # fmt: off
 def register(subparsers: Subcommands) -> None:
-    from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
-
     parser = subparsers.add_parser(
         "tune",
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -95,10 +110,8 @@ def register(subparsers: Subcommands) -> None:
 # fmt: on
 
 
-def options_from_args(args: argparse.Namespace) -> Any:
+def options_from_args(args: argparse.Namespace) -> TuneOptions:
     """The tune's options; raises PlanError or ValueError naming the flag at fault."""
-    from specroute.bench.workload import PromptSettings
-    from specroute.tune.layout import TuneOptions, traffic_kinds
 
     launch = server_options(args)
     traffic = traffic_kinds(
@@ -123,33 +136,19 @@ def options_from_args(args: argparse.Namespace) -> Any:
     )
 
 
-def _plans(options: Any) -> list[Any]:
-    from specroute.launch.launcher import detect_gpus
-    from specroute.tune.layout import server_plans
-
-    launch = options.launch
-    detected = () if launch.emulate or launch.gpus is not None else detect_gpus()
-    if not launch.emulate and launch.gpus is None and not detected:
-        raise PlanError(
-            "--gpus all: no GPU found (CUDA_VISIBLE_DEVICES unset, nvidia-smi absent or silent); "
-            "pass --gpus 0,1,... explicitly, or --emulate"
-        )
-    return server_plans(options, detected)
+def _plans(options: TuneOptions) -> list[ServerPlan]:
+    return server_plans(options, host_gpus(options.launch))
 
 
-def _sglang_rejections(plans: list[Any], args: argparse.Namespace) -> list[str] | None:
+def _sglang_rejections(plans: list[ServerPlan], args: argparse.Namespace) -> list[str] | None:
     """SGLang's rejections (empty: all accepted), None when the check cannot run here."""
-    from specroute.launch.sglang_check import sglang_installed
-
     if args.emulate or args.no_sglang_check or not sglang_installed():
         return None
-    from specroute.launch.launcher import validate_with_sglang
-
     verdicts = validate_with_sglang([p.process.argv for p in plans])
     return [f"{p.label}: {v}" for p, v in zip(plans, verdicts, strict=True) if v]
 
 
-def _dry_run(plans: list[Any], checked: bool, emulate: bool) -> str:
+def _dry_run(plans: list[ServerPlan], checked: bool, emulate: bool) -> str:
     lines = [f"# {p.label}: {p.process.url}\n{p.process.shell()}" for p in plans]
     if checked:
         lines.append("# every server's command line was accepted by SGLang's resolver")
@@ -158,11 +157,9 @@ def _dry_run(plans: list[Any], checked: bool, emulate: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _prompts(args: argparse.Namespace, out: Path) -> tuple[Any, str]:
+def _prompts(args: argparse.Namespace, out: Path) -> tuple[PromptSettings, str]:
     """The prompt settings and their description for the saved measurement: synthetic, or the
     dataset's first prompts copied into `out` (a bad record fails here, before any launch)."""
-    from specroute.bench.dataset import read_prompts
-    from specroute.bench.workload import PromptSettings
 
     if args.dataset is None:
         return PromptSettings(words=args.prompt_words), f"synthetic, {args.prompt_words} words"
@@ -176,8 +173,6 @@ def _prompts(args: argparse.Namespace, out: Path) -> tuple[Any, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specroute.bench.dataset import DatasetError
-
     try:
         options = options_from_args(args)
         plans = _plans(options)
@@ -210,13 +205,9 @@ def _run_loop(coro: Any) -> int:
     return uvloop.run(coro)  # type: ignore[no-any-return]
 
 
-async def _tune(options: Any, plans: list[Any], out: Path, prompts: str, *, force: bool) -> int:
-    from specroute.logs import configure_logging
-    from specroute.tune.files import write_outputs
-    from specroute.tune.layout import TuneLayout, measurement
-    from specroute.tune.progress import TuneProgress
-    from specroute.tune.run import Tuner
-
+async def _tune(
+    options: TuneOptions, plans: list[ServerPlan], out: Path, prompts: str, *, force: bool
+) -> int:
     configure_logging("warning")
     layout = TuneLayout(out)
     progress = TuneProgress()
