@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from collections.abc import Sequence
 
 from specroute.bench import (
@@ -23,7 +24,7 @@ from specroute.bench import (
     render_table,
     run_sweep,
 )
-from specroute.cmdline import Subcommands
+from specroute.cmdline import Subcommands, UsageError, parse_ints
 from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from specroute.emulator.seed import SEED_AGGREGATE_TOK_S, SEED_PER_REQUEST_TOK_S, SEED_TOLERANCE
@@ -117,7 +118,11 @@ def virtual_table(profile_name: str, concurrency: Sequence[int]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     configure_logging("warning")
-    levels = [int(c) for c in args.concurrency.split(",")]
+    try:
+        levels = list(parse_ints(args.concurrency, "--concurrency", minimum=1))
+    except UsageError as exc:
+        print(f"specroute calibrate: {exc}", file=sys.stderr)
+        return 2
     if args.virtual:
         print(virtual_table(args.profile, levels))
         return 0

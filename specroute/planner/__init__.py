@@ -11,10 +11,18 @@ from specroute.planner.forecast import (
     forecast,
     user_counts,
 )
-from specroute.planner.plan import Change, Plan, Planner, PlannerOptions, ServerState
+from specroute.planner.plan import (
+    DEFAULT_DWELL_S,
+    Change,
+    Plan,
+    Planner,
+    PlannerOptions,
+    ServerState,
+)
 from specroute.planner.regime import Regime, RegimeTracker
 
 __all__ = [
+    "DEFAULT_DWELL_S",
     "Change",
     "DepthEstimate",
     "Estimates",

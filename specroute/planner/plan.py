@@ -23,9 +23,13 @@ from specroute.planner.forecast import (
 )
 from specroute.planner.regime import Regime, RegimeTracker
 
-__all__ = ["Change", "Plan", "Planner", "PlannerOptions", "ServerState"]
+__all__ = ["DEFAULT_DWELL_S", "Change", "Plan", "Planner", "PlannerOptions", "ServerState"]
 
 ServerPhase = Literal["serving", "draining", "starting"]
+
+
+DEFAULT_DWELL_S = 900.0
+"""Least time between two depth changes of one server, unless the operator says otherwise."""
 
 
 class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -42,7 +46,7 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     margin: float = 1.5
     min_gain: float = 0.03
     """Hysteresis: a proposal gaining less than this fraction of the objective is no change."""
-    min_dwell_s: float = 900.0
+    min_dwell_s: float = DEFAULT_DWELL_S
     """Least time between two changes of one server."""
     max_unavailable: int = 1
     """Servers draining or starting at once, at most."""

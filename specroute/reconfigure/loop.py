@@ -15,7 +15,15 @@ import httpx
 import msgspec
 import structlog
 
-from specroute.planner import Change, Estimates, Plan, Planner, PlannerOptions, Setting
+from specroute.planner import (
+    DEFAULT_DWELL_S,
+    Change,
+    Estimates,
+    Plan,
+    Planner,
+    PlannerOptions,
+    Setting,
+)
 from specroute.reconfigure.actuator import Actuator, Mode, Record
 from specroute.reconfigure.readings import Traffic, estimates
 
@@ -35,7 +43,7 @@ class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     mode: Mode = "advise"
     allowed_steps: tuple[int, ...] = (0, 1, 2, 3)
     allow_adaptive: bool = False
-    min_dwell_s: float = 900.0
+    min_dwell_s: float = DEFAULT_DWELL_S
     max_unavailable: int = 1
     drain_s: float = 30.0
     tick_s: float = 2.0
