@@ -2,14 +2,15 @@
 
 Chunks from the network may split an event (or a CRLF) at any byte; the splitter keeps the
 partial event until the rest arrives. Lines may end in LF, CRLF or CR, as the SSE spec allows.
-Only `data` fields matter to OpenAI-style streams.
+Only `data` fields matter to OpenAI-style streams. An event may be capped: one that grows past
+the cap unfinished raises `EventTooLarge` instead of growing the buffer without bound.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DONE", "SSEDecoder", "SSESplitter", "event_data"]
+__all__ = ["DONE", "EventTooLarge", "SSEDecoder", "SSESplitter", "event_data"]
 
 DONE = b"[DONE]"
 _LF = ord("\n")
@@ -21,15 +22,21 @@ _EVENT = re.compile(rb"(?:[^\r\n]++" + _EOL + rb")*+" + _EOL)
 _LINE_END = re.compile(_EOL)
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's cap before it ended."""
+
+
 class SSESplitter:
     """Feed raw bytes, get back every event they complete: its bytes exactly as received (the
-    empty line that ends it included, so the events joined are the bytes fed) and its data."""
+    empty line that ends it included, so the events joined are the bytes fed) and its data.
+    With `max_event_bytes`, an unfinished event longer than that raises `EventTooLarge`."""
 
-    __slots__ = ("_after_cr", "_buffer")
+    __slots__ = ("_after_cr", "_buffer", "_max")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int | None = None) -> None:
         self._buffer = b""
         self._after_cr = False  # the last event ended with a CR, the last byte fed
+        self._max = max_event_bytes
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, bytes | None]]:
         """Add bytes from the wire; return each event they complete, with `event_data`."""
@@ -51,6 +58,9 @@ class SSESplitter:
             start = _split_any(buffer, events)
             self._after_cr = start == len(buffer) and buffer.endswith(b"\r")
         self._buffer = buffer[start:] if start else buffer
+        if self._max is not None and len(self._buffer) > self._max:
+            self._buffer = b""
+            raise EventTooLarge(f"an event from the backend is over {self._max} bytes unfinished")
         return events
 
     def rest(self) -> bytes:

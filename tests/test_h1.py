@@ -219,8 +219,7 @@ async def test_failures_are_httpx_exceptions_and_upstream_failures() -> None:
     async with Scripted(chunked([b"data: 1\n\n"], end=False)).running() as server:
         answer = await client.send("POST", str(server.url), b"{}", [])
         with pytest.raises(StreamBroken):
-            async for _ in answer.chunks(1.0):
-                pass
+            await answer.read(1.0, 1 << 20)
         await answer.aclose()
     await client.aclose()
 
