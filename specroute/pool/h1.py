@@ -127,9 +127,13 @@ class _Connection(asyncio.Protocol):
         deadline = None if wait_s is None else self._loop.time() + wait_s
         while not self._head_done:
             left = None if deadline is None else deadline - self._loop.time()
-            if left is not None and left <= 0:
-                raise httpx.ReadTimeout(f"no reply headers from the backend within {wait_s:g} s")
-            await self._wait(left, "no reply headers from the backend")
+            try:
+                if left is not None and left <= 0:
+                    raise httpx.ReadTimeout("")
+                await self._wait(left, "no reply headers from the backend")
+            except httpx.ReadTimeout:
+                message = f"no reply headers from the backend within {wait_s:g} s"
+                raise httpx.ReadTimeout(message) from None
         return self._status, self._headers
 
     async def next_chunk(self, wait_s: float | None) -> bytes | None:

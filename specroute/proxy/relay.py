@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 
 from specroute.errors import (
+    NoHealthyBackendError,
     SpecrouteError,
 )
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
@@ -143,7 +144,13 @@ class Relay:
         request, policy = incoming.request, ex.policy
         tried: list[str] = []
         for attempt in range(1, retry.max_attempts + 1):
-            lease, decision = await state.admission.admit(request, policy, tried)
+            try:
+                lease, decision = await state.admission.admit(request, policy, tried)
+            except NoHealthyBackendError:
+                if ex.failure is None:
+                    raise
+                # The failure that took the last backend out says more than "none left".
+                raise attempt_error(*ex.failure) from ex.failure[1]
             backend = lease.backend
             ex.begin_attempt(lease, decision)
             state.decisions.record(
@@ -209,6 +216,7 @@ class Relay:
             return None
         except UpstreamFailure as exc:
             verdict, error = _verdict(exc), str(exc)
+            ex.failure = (backend.name, exc)
             if ex.reply.committed:
                 return None
             if not last and not isinstance(exc, ReplyTooLarge):
@@ -294,6 +302,7 @@ class Exchange:
         self.steps: int | None = None
         self.attempts = 0
         self.attempt_started = self.started
+        self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
