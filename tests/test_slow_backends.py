@@ -202,6 +202,39 @@ def test_a_200_that_is_not_what_the_route_promises_is_a_502_and_a_broken_backend
     assert seen["breaker"] == "open"
 
 
+ODD_STATES = ["odd", [1], [None], [{"avg_spec_accept_length": "x"}], {"a": 1}]
+
+
+async def _with_odd_states(states: object) -> tuple[int, dict[str, Any], int, int]:
+    done = inprocess.stream_of([_token("t"), b"data: [DONE]\n\n"])
+    backend = Upstream(done, info={"internal_states": states})
+    async with (
+        backend.running(),
+        inprocess.proxy({"b": backend}, health={"metrics_interval_s": 0.05}) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        scraper = app.state.pool.scraper
+        for _ in range(1000):  # the scraper outlives a view built on the odd states
+            if scraper.scrapes >= 2:
+                break
+            await asyncio.sleep(0.01)
+        info = await client.get("/server_info")
+        chat = await client.post("/v1/chat/completions", json=_chat(True))
+        pool = (await _pool(url))["b"]
+    return info.status_code, pool, chat.status_code, scraper.scrapes
+
+
+@pytest.mark.parametrize("states", ODD_STATES)
+def test_an_odd_internal_states_neither_stops_the_proxy_nor_its_scraper_nor_server_info(
+    states: object,
+) -> None:
+    info_status, pool, chat_status, scrapes = asyncio.run(_with_odd_states(states))
+    assert info_status == 200
+    assert pool["healthy"]
+    assert chat_status == 200
+    assert scrapes >= 2
+
+
 # Replies too large to hold ----------------------------------------------------------------------
 
 
