@@ -99,27 +99,40 @@ class HealthConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 
 
 class TimeoutConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A long prefill before the first byte is normal; a stream idle past `idle_s` is not.
+    """Every wait on a backend has a limit that fits the request from its first try.
 
-    A stream's own limits are learned per backend: `stall_factor` times the p99 of that
-    backend's time to a first token (at least `first_token_floor_s`, at most `first_byte_s`)
-    and of its gaps between chunks (at least `stall_floor_s`, at most `idle_s`). A stream quiet
+    A stream's headers must come within `header_s` (SGLang sends them before it queues or
+    prefills). Its first token within the predicted prefill of its prompt (and the predicted
+    queue wait when the backend is full) times `margin`, plus `first_token_floor_s`. Its
+    events (complete SSE events, not bytes) at most `stall_floor_s` apart until the backend's
+    own gaps are learned. A non-streamed reply (its headers come with its end) must be whole
+    within its first-token limit plus `max_tokens` predicted iterations times `margin`. Once
+    16 samples are in, the limits also allow `stall_factor` times the p99 of that backend's
+    own quiet times; nothing waits past `first_byte_s`, `idle_s` or `reply_s`. A stream quiet
     for `heartbeat_s` gets an SSE comment, so its client can tell slow from dead."""
 
     connect_s: Positive = 5.0
     """Time to open a connection to a backend."""
+    header_s: Positive = 5.0
+    """Time from sending a streamed request to its reply's headers."""
     first_byte_s: Positive = 900.0
-    """Time from sending a request to the reply's first byte (the prefill)."""
+    """The longest wait for a stream's first token, however long its prompt or its queue."""
     idle_s: Positive = 120.0
-    """Silence inside a stream after which it ends with an error event."""
+    """The longest silence inside a stream, however slow its backend has been."""
+    reply_s: Positive = 3600.0
+    """The longest a non-streamed reply may take, however large its `max_tokens`."""
     heartbeat_s: Positive = 5.0
     """A stream quiet this long gets an SSE comment (`: keep-alive`), and then again."""
+    margin: Annotated[float, msgspec.Meta(ge=1)] = 4.0
+    """A priori limits: this many times the predicted prefill, queue wait and decode."""
+    assumed_max_tokens: Count = 8192
+    """Tokens a non-streamed request without `max_tokens` is allowed the time for."""
     stall_factor: Annotated[float, msgspec.Meta(ge=1)] = 20.0
-    """A stream's limits: this many times the p99 of its backend's quiet times."""
+    """Learned limits: this many times the p99 of the backend's own quiet times."""
     stall_floor_s: Positive = 5.0
-    """The shortest gap between chunks that counts as a stall (at most `idle_s`)."""
-    first_token_floor_s: Positive = 60.0
-    """The shortest wait for a first token that counts as a stall (at most `first_byte_s`)."""
+    """The shortest gap between events that counts as a stall (at most `idle_s`)."""
+    first_token_floor_s: Positive = 5.0
+    """Added to the predicted wait for a first token (at most `first_byte_s`)."""
 
 
 class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -185,7 +198,8 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     only clients with a valid API key may hold: 1/16 of them unless set), how long it may leave
     a stream unread (`client_stall_s`: then the stream ends and its backend is freed); and how
     long streams run on after SIGTERM. Request bodies held at once, all requests together, are
-    capped at `max_body_bytes_in_flight`: past it a request waits up to `body_wait_s`, then 503."""
+    capped at `max_body_bytes_in_flight`: past it a request waits up to `body_wait_s`, then 503.
+    What a backend sends back is capped too: one SSE event, and a non-streamed reply."""
 
     max_header_bytes: Count = 64 * 1024
     """A request's headers, in bytes; past it, 431."""
@@ -209,6 +223,10 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Request-body bytes held at once, all requests together (at least `max_body_bytes`)."""
     body_wait_s: NonNegative = 1.0
     """How long a request waits for room under that cap before a 503 with `Retry-After`."""
+    max_event_bytes: Count = 16 * 1024 * 1024
+    """One SSE event from a backend, in bytes; past it the stream ends with an error."""
+    max_reply_bytes: Count = 128 * 1024 * 1024
+    """A non-streamed reply from a backend, held whole to be measured; past it, 502."""
 
     def __post_init__(self) -> None:
         if self.reserve >= self.max_connections:

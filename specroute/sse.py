@@ -2,14 +2,15 @@
 
 Chunks from the network may split an event (or a CRLF) at any byte; the splitter keeps the
 partial event until the rest arrives. Lines may end in LF, CRLF or CR, as the SSE spec allows.
-Only `data` fields matter to OpenAI-style streams.
+Only `data` fields matter to OpenAI-style streams. An event may be capped: one that grows past
+the cap unfinished raises `EventTooLarge` instead of growing the buffer without bound.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DONE", "SSEDecoder", "SSESplitter", "event_data"]
+__all__ = ["DONE", "EventTooLarge", "SSEDecoder", "SSESplitter", "event_data"]
 
 DONE = b"[DONE]"
 _LF = ord("\n")
@@ -21,15 +22,25 @@ _EVENT = re.compile(rb"(?:[^\r\n]++" + _EOL + rb")*+" + _EOL)
 _LINE_END = re.compile(_EOL)
 
 
+class EventTooLarge(ValueError):
+    """An event grew past the splitter's cap before it ended."""
+
+
 class SSESplitter:
     """Feed raw bytes, get back every event they complete: its bytes exactly as received (the
-    empty line that ends it included, so the events joined are the bytes fed) and its data."""
+    empty line that ends it included, so the events joined are the bytes fed) and its data.
+    With `max_event_bytes`, an unfinished event longer than that raises `EventTooLarge`."""
 
-    __slots__ = ("_after_cr", "_buffer")
+    __slots__ = ("_after_cr", "_buffer", "_max", "_pending", "_pending_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_bytes: int | None = None) -> None:
         self._buffer = b""
         self._after_cr = False  # the last event ended with a CR, the last byte fed
+        self._max = max_event_bytes
+        # Chunks with no line end that followed an unfinished event: none of them can end it,
+        # so they wait here, joined once, not copied into the buffer each time.
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, bytes | None]]:
         """Add bytes from the wire; return each event they complete, with `event_data`."""
@@ -39,6 +50,15 @@ class SSESplitter:
             if chunk.startswith(b"\n"):  # the LF of that CRLF: an empty line, on its own
                 events.append((b"\n", None))
                 chunk = chunk[1:]
+        if self._buffer and b"\n" not in chunk and b"\r" not in chunk:
+            self._pending.append(chunk)
+            self._pending_bytes += len(chunk)
+            self._check(len(self._buffer) + self._pending_bytes)
+            return events
+        if self._pending:
+            self._buffer = b"".join([self._buffer, *self._pending])
+            self._pending.clear()
+            self._pending_bytes = 0
         buffer = self._buffer + chunk if self._buffer else chunk
         if buffer.find(b"\r") < 0:  # SGLang's framing: searches, not a parse
             end = buffer.find(b"\n")
@@ -51,11 +71,22 @@ class SSESplitter:
             start = _split_any(buffer, events)
             self._after_cr = start == len(buffer) and buffer.endswith(b"\r")
         self._buffer = buffer[start:] if start else buffer
+        self._check(len(self._buffer))
         return events
+
+    def _check(self, unfinished: int) -> None:
+        if self._max is not None and unfinished > self._max:
+            self._buffer = b""
+            self._pending.clear()
+            self._pending_bytes = 0
+            raise EventTooLarge(f"an event from the backend is over {self._max} bytes unfinished")
 
     def rest(self) -> bytes:
         """What followed the last whole event (an event the stream never finished); cleared."""
-        rest, self._buffer = self._buffer, b""
+        rest = b"".join([self._buffer, *self._pending]) if self._pending else self._buffer
+        self._buffer = b""
+        self._pending.clear()
+        self._pending_bytes = 0
         return rest
 
 

@@ -49,10 +49,13 @@ def stream_of(events: list[bytes]) -> Handler:
 
 
 class Upstream:
-    """A scripted backend: answers the pool's probes as SGLang at depth `steps` does, and each
-    POST with `handler`; `bodies` holds what it was sent."""
+    """A scripted backend: answers the pool's probes as SGLang at depth `steps` does (its
+    /server_info with `info` added), and each POST with `handler`; `bodies` holds what it was
+    sent."""
 
-    def __init__(self, handler: Handler, steps: int = 1) -> None:
+    def __init__(
+        self, handler: Handler, steps: int = 1, info: dict[str, Any] | None = None
+    ) -> None:
         self.handler = handler
         self.bodies: list[bytes] = []
         self.url = ""
@@ -63,6 +66,7 @@ class Upstream:
                 "speculative_num_steps": steps,
                 "max_running_requests": 64,
                 "served_model_name": MODEL,
+                **(info or {}),
             },
         }
 

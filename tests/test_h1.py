@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from specroute.config import ClientConfig, TimeoutConfig
-from specroute.pool import ConnectFailed, StreamBroken, TimedOut, UpstreamClient
+from specroute.pool import ConnectFailed, Stalled, StreamBroken, TimedOut, UpstreamClient
 from specroute.pool.h1 import H1Pool, H1Transport
 
 
@@ -219,8 +219,7 @@ async def test_failures_are_httpx_exceptions_and_upstream_failures() -> None:
     async with Scripted(chunked([b"data: 1\n\n"], end=False)).running() as server:
         answer = await client.send("POST", str(server.url), b"{}", [])
         with pytest.raises(StreamBroken):
-            async for _ in answer.chunks(1.0):
-                pass
+            await answer.read(1.0, 1 << 20)
         await answer.aclose()
     await client.aclose()
 
@@ -281,3 +280,27 @@ async def test_the_pool_behind_httpx_async_client() -> None:
             assert response.json() == {"status": "ok"}
     assert server.requests[0].startswith(b"GET /ready?probe=1 HTTP/1.1\r\n")
     assert server.connections == 1
+
+
+@synchronous
+async def test_headers_trickled_a_byte_at_a_time_run_out_one_deadline_on_either_transport() -> None:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-padding: " + b"x" * 500
+
+    async def trickles(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for byte in head:  # each byte well inside the limit, the whole head far past it
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.02)
+
+    async with Scripted(trickles).running() as server:
+        pool = H1Pool(4)
+        async with asyncio.timeout(5):  # the old per-read clock would run for 10 s
+            with pytest.raises(httpx.ReadTimeout, match=r"within 0\.3 s"):
+                await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS, head_s=0.3)
+        await pool.aclose()
+        for transport in ("h1", "httpx"):
+            client = UpstreamClient(TimeoutConfig(), ClientConfig(transport=transport))
+            async with asyncio.timeout(5):
+                with pytest.raises(Stalled, match=r"headers from the backend within 0\.3 s"):
+                    await client.send("POST", str(server.url), b"{}", [], head_s=0.3)
+            await client.aclose()

@@ -232,7 +232,9 @@ def test_no_healthy_backend_is_503(tmp_path: Path) -> None:
 
 
 def test_upstream_timeout_is_504(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPECROUTE_TIMEOUTS__FIRST_BYTE_S", "0.3")  # the environment beats the file
+    # A non-streamed reply has its headers with its end: `reply_s` bounds both. The environment
+    # beats the file.
+    monkeypatch.setenv("SPECROUTE_TIMEOUTS__REPLY_S", "0.3")
     with start_emulator(2, "--seed", "1") as slow, serve(tmp_path, [slow]) as proxy:
         client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:

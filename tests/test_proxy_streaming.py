@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specroute.config import LearnConfig
 from specroute.errors import BadRequestError
 from specroute.proxy.intake import Extras, decode_fields, route_request, upstream_body
-from specroute.proxy.reply import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.meter import ReplyMeter, StreamRelay, strip_reply
 
 
 def _event(data: object) -> bytes:
@@ -195,7 +195,7 @@ def test_a_wrongly_typed_field_is_named_as_openai_param(body: bytes, param: str)
 def test_a_backend_refusal_reaches_the_client_with_the_backend_reason(
     body: bytes, reason: str
 ) -> None:
-    from specroute.proxy.relay import upstream_error
+    from specroute.proxy.upstream_errors import upstream_error
 
     error = upstream_error(413, body)
     assert (str(error), error.status) == (reason, 413)

@@ -3,10 +3,11 @@ line endings; the splitter hands back each event's bytes as they came."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specroute.sse import DONE, SSEDecoder, SSESplitter, event_data
+from specroute.sse import DONE, EventTooLarge, SSEDecoder, SSESplitter, event_data
 
 # Payloads without line breaks (SSE data lines cannot hold them) but with JSON-ish bytes,
 # multi-byte UTF-8 and colons, so splits can land inside any of them.
@@ -74,8 +75,10 @@ def test_unterminated_event_is_dropped_and_reported_on_close() -> None:
     assert decoder.close() is True
 
 
-def split_at(data: bytes, cuts: list[int]) -> list[tuple[bytes, bytes | None]]:
-    splitter = SSESplitter()
+def split_at(
+    data: bytes, cuts: list[int], cap: int | None = None
+) -> list[tuple[bytes, bytes | None]]:
+    splitter = SSESplitter(cap)
     events: list[tuple[bytes, bytes | None]] = []
     points = sorted({c % (len(data) + 1) for c in cuts})
     for start, end in zip([0, *points], [*points, len(data)], strict=True):
@@ -116,3 +119,15 @@ def test_events_without_data_have_none() -> None:
     assert event_data(b"event: ping\r\n\r\n") is None
     assert event_data(b"\n") is None
     assert event_data(b"data\n\n") == b""
+
+
+@given(payloads, line_endings, st.lists(st.integers(min_value=0), max_size=20))
+def test_a_cap_no_event_reaches_changes_nothing_and_an_endless_event_raises_at_it(
+    events: list[bytes], eol: bytes, cuts: list[int]
+) -> None:
+    data = wire_bytes(events, eol, False)
+    longest = max(len(b"data: " + e + eol + eol) for e in events)
+    assert split_at(data, cuts, cap=longest) == split_at(data, cuts)
+    endless = data + b"data: " + b"x" * (4 * longest)
+    with pytest.raises(EventTooLarge):
+        split_at(endless, cuts, cap=longest)

@@ -4,7 +4,9 @@ its routing index, and what its replicas share (load split, peers' estimates).""
 from specroute.pool.backend import Backend
 from specroute.pool.breaker import BreakerState, CircuitBreaker
 from specroute.pool.client import (
+    BadReply,
     ConnectFailed,
+    ReplyTooLarge,
     Stalled,
     StreamBroken,
     TimedOut,
@@ -12,6 +14,7 @@ from specroute.pool.client import (
     UpstreamFailure,
     UpstreamResponse,
 )
+from specroute.pool.deadlines import AttemptLimits, Deadlines, attempt_limits
 from specroute.pool.estimators import StallRule
 from specroute.pool.index import RoutingIndex
 from specroute.pool.load import LoadMark, Share, headroom, share_of
@@ -24,17 +27,21 @@ from specroute.pool.sharing import EstimatesWire, PeerTable, blend_classes, loca
 from specroute.pool.telemetry import Telemetry
 
 __all__ = [
+    "AttemptLimits",
     "Backend",
     "BackendMetrics",
+    "BadReply",
     "BreakerState",
     "CircuitBreaker",
     "ConnectFailed",
+    "Deadlines",
     "EstimatesWire",
     "Lease",
     "LoadMark",
     "PeerTable",
     "Peers",
     "Pool",
+    "ReplyTooLarge",
     "RoutingIndex",
     "Scraper",
     "Share",
@@ -46,6 +53,7 @@ __all__ = [
     "UpstreamClient",
     "UpstreamFailure",
     "UpstreamResponse",
+    "attempt_limits",
     "blend_classes",
     "headroom",
     "load_profile_priors",

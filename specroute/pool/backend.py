@@ -20,6 +20,17 @@ def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _lifetime_accept_length(info: dict[str, Any]) -> float | None:
+    """`internal_states[0].avg_spec_accept_length`, where it is a number: another SGLang
+    version may shape `internal_states` otherwise, and that must not stop the proxy."""
+    states = info.get("internal_states")
+    first = states[0] if isinstance(states, list) and states else None
+    value = first.get("avg_spec_accept_length") if isinstance(first, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 class Backend:
     """Mutable state of one SGLang server, owned by the pool; policies see `view()` only."""
 
@@ -49,6 +60,7 @@ class Backend:
         self._load_area = 0.0  # integral of in_flight over time, for mean batch sizes
         self._load_since = time.monotonic()
         self.server_info: dict[str, Any] | None = None
+        self.lifetime_accept_length: float | None = None  # from /server_info, if it says
         self.model_cards: tuple[dict[str, Any], ...] = ()
         self.model: str | None = None
         self.configured_steps: int | None = None
@@ -65,6 +77,7 @@ class Backend:
         """Depth, algorithm, capacity and model from SGLang's /server_info."""
         Backend.names_changed += 1
         self.server_info = info
+        self.lifetime_accept_length = _lifetime_accept_length(info)
         algorithm = info.get("speculative_algorithm")
         self.algorithm = algorithm if isinstance(algorithm, str) else None
         steps = _int_or_none(info.get("speculative_num_steps"))
@@ -120,8 +133,10 @@ class Backend:
         answers /ready from its HTTP process, which stays up when its scheduler hangs."""
         return self.reachable and not self.breaker.stalled
 
-    def on_probe(self, ok: bool) -> str | None:
-        """Count one /ready result; return "up" or "down" when the state flips."""
+    def on_probe(self, ok: bool, timed_out: bool = False) -> str | None:
+        """Count one /ready result; return "up" or "down" when the state flips. A check that
+        ran out its whole deadline (no reply, or one trickled) takes the backend out at once:
+        its HTTP server is hung or crawling, and a request sent there would be too."""
         if ok:
             self._ok_streak += 1
             self._fail_streak = 0
@@ -133,7 +148,8 @@ class Backend:
         else:
             self._fail_streak += 1
             self._ok_streak = 0
-            if self.reachable and self._fail_streak >= self._health.failure_threshold:
+            enough = timed_out or self._fail_streak >= self._health.failure_threshold
+            if self.reachable and enough:
                 self.reachable = False
                 return "down"
         return None
@@ -151,8 +167,7 @@ class Backend:
 
     def view(self, iteration: IterationTimeModel | None = None) -> BackendView:
         m = self.metrics
-        info_states = (self.server_info or {}).get("internal_states") or [{}]
-        lifetime = info_states[0].get("avg_spec_accept_length") if info_states else None
+        lifetime = self.lifetime_accept_length
         return BackendView(
             name=self.name,
             url=self.url,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -18,7 +19,9 @@ from specroute.config import ClientConfig, TimeoutConfig
 from specroute.pool.h1 import H1Pool, H1Transport
 
 __all__ = [
+    "BadReply",
     "ConnectFailed",
+    "ReplyTooLarge",
     "Stalled",
     "StreamBroken",
     "TimedOut",
@@ -37,17 +40,37 @@ class ConnectFailed(UpstreamFailure):
 
 
 class TimedOut(UpstreamFailure):
-    """No first byte within `first_byte_s`, or a stream idle for longer than `idle_s`."""
+    """A wait on the backend ran out: the connection's, a probe's, or one of a request's."""
+
+
+_STALL_WHAT = {
+    "headers": "no reply headers from the backend within {:.3g} s",
+    "reply": "the backend's reply was not whole within {:.3g} s",
+    "first_token": "no event from the backend for {:.3g} s (first_token)",
+    "between_chunks": "no event from the backend for {:.3g} s (between_chunks)",
+}
 
 
 class Stalled(TimedOut):
-    """A stream quiet past its backend's learned limit (`StallRule`), before its first token
-    or between chunks (`phase`)."""
+    """A request's wait on its backend ran past its limit (`Deadlines`): for the reply's
+    headers, for a non-streamed reply to end, or for a stream's next complete event before its
+    first token or between chunks (`phase`). The backend is unhealthy until a success."""
 
     def __init__(self, phase: str, limit_s: float) -> None:
-        super().__init__(f"no bytes from the backend for {limit_s:.3g} s ({phase})")
+        super().__init__(_STALL_WHAT[phase].format(limit_s))
         self.phase = phase
         self.limit_s = limit_s
+
+
+class BadReply(UpstreamFailure):
+    """A 200 that is not what the route promises (a body that is not JSON where JSON was
+    asked for, a stream that is not an event stream, an event past its cap): the backend is
+    broken, so it counts against its health and breaker."""
+
+
+class ReplyTooLarge(UpstreamFailure):
+    """A non-streamed reply past `limits.max_reply_bytes`: nothing wrong with the backend, but
+    more than the proxy holds for one reply."""
 
 
 class StreamBroken(UpstreamFailure):
@@ -68,7 +91,7 @@ NextChunk = Callable[[float | None], Awaitable[bytes | None]]
 class UpstreamResponse:
     """A reply whose body has not been read yet; `aclose()` it in `finally`."""
 
-    __slots__ = ("_close", "_first_byte_s", "_next", "headers", "status")
+    __slots__ = ("_close", "_next", "headers", "status")
 
     def __init__(
         self,
@@ -76,13 +99,11 @@ class UpstreamResponse:
         headers: list[tuple[bytes, bytes]],
         next_chunk: NextChunk,
         close: Callable[[], Awaitable[None] | None],
-        first_byte_s: float,
     ) -> None:
         self.status = status
         self.headers = headers
         self._next = next_chunk
         self._close = close
-        self._first_byte_s = first_byte_s
 
     @property
     def content_type(self) -> bytes:
@@ -91,20 +112,26 @@ class UpstreamResponse:
                 return value
         return b"application/json"
 
-    async def read(self) -> bytes:
-        """The whole body; each wait for more is bounded by `first_byte_s`."""
-        parts = []
-        while (chunk := await self.next_chunk(self._first_byte_s)) is not None:
+    async def read(self, within_s: float, max_bytes: int) -> bytes:
+        """The whole body, within `within_s` seconds from now (else Stalled, phase "reply")
+        and at most `max_bytes` long (else ReplyTooLarge, read no further)."""
+        parts: list[bytes] = []
+        size = 0
+        deadline = time.monotonic() + within_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Stalled("reply", within_s)
+            try:
+                chunk = await self.next_chunk(left)
+            except TimedOut as exc:
+                raise Stalled("reply", within_s) from exc
+            if chunk is None:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            size += len(chunk)
+            if size > max_bytes:
+                raise ReplyTooLarge(f"the backend's reply is over {max_bytes} bytes")
             parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def chunks(self, idle_s: float) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive: the first within `first_byte_s`, each next within
-        `idle_s`."""
-        wait_s = self._first_byte_s
-        while (chunk := await self.next_chunk(wait_s)) is not None:
-            wait_s = idle_s
-            yield chunk
 
     async def next_chunk(self, wait_s: float) -> bytes | None:
         """The body bytes received since the last call, waiting up to `wait_s` seconds for
@@ -187,45 +214,54 @@ class UpstreamClient:
         self._urls: dict[str, httpx.URL] = {}
 
     async def send(
-        self, method: str, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        head_s: float | None = None,
     ) -> UpstreamResponse:
-        """Send and return once the status line and headers are in. `headers` carry neither
-        Host nor Content-Length."""
+        """Send and return once the status line and headers are in, within `head_s` seconds
+        (else Stalled, phase "headers"; unset: `first_byte_s`). `headers` carry neither Host
+        nor Content-Length."""
         target = self._urls.get(url)
         if target is None:
             target = self._urls[url] = httpx.URL(url)
-        first_byte_s = self._timeouts.first_byte_s
+        head_s = self._timeouts.first_byte_s if head_s is None else head_s
         try:
             if self._pool is not None:
                 reply = await self._pool.request(
-                    method.encode("ascii"), target, headers, body, self._timeout_dict
+                    method.encode("ascii"), target, headers, body, self._timeout_dict, head_s
                 )
-                return UpstreamResponse(
-                    reply.status, reply.headers, reply.next_chunk, reply.close, first_byte_s
-                )
+                return UpstreamResponse(reply.status, reply.headers, reply.next_chunk, reply.close)
             assert self._httpx is not None
             request = httpx.Request(
                 method, target, content=body, headers=headers,
                 extensions={"timeout": self._timeout_dict},
             )  # fmt: skip
-            response = await self._httpx.handle_async_request(request)
+            async with asyncio.timeout(head_s):
+                response = await self._httpx.handle_async_request(request)
+        except TimeoutError as exc:
+            raise Stalled("headers", head_s) from exc
+        except httpx.ReadTimeout as exc:
+            raise Stalled("headers", head_s) from exc
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
         reader = _HttpxReader(response)
         return UpstreamResponse(
-            response.status_code,
-            response.headers.raw,
-            reader.next_chunk,
-            reader.aclose,
-            first_byte_s,
+            response.status_code, response.headers.raw, reader.next_chunk, reader.aclose
         )
 
     async def get(
         self, url: str, *, timeout_s: float, headers: list[tuple[bytes, bytes]] | None = None
     ) -> tuple[int, bytes]:
-        """A small GET (probe, discovery, scrape) with its own short timeout."""
+        """A small GET (probe, discovery, scrape), whole within `timeout_s` seconds: a reply
+        trickled a byte at a time times out as one that never comes."""
         try:
-            response = await self._client.get(url, headers=headers, timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                response = await self._client.get(url, headers=headers, timeout=timeout_s)
+        except TimeoutError as exc:
+            raise TimedOut(f"no whole reply within {timeout_s:g} s") from exc
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
         return response.status_code, response.content

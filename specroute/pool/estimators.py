@@ -219,8 +219,8 @@ class DurationHistogram:
 @dataclass(frozen=True, slots=True)
 class StallRule:
     """How long a stream may stay quiet: `factor` times the `quantile` of the backend's own
-    quiet times, never below `floor_s` nor above `ceiling_s`; `ceiling_s` until `min_samples`
-    have been seen (an unknown backend keeps the configured limit)."""
+    quiet times, never below `floor_s` nor above `ceiling_s`. Until `min_samples` have been
+    seen, the a priori limit the caller predicted (`unlearned_s`), else `ceiling_s`."""
 
     factor: float
     floor_s: float
@@ -228,8 +228,20 @@ class StallRule:
     quantile: float = 0.99
     min_samples: int = 16
 
-    def limit_s(self, seen: DurationHistogram, extra: Sequence[float] = ()) -> float:
+    def limit_s(
+        self,
+        seen: DurationHistogram,
+        extra: Sequence[float] = (),
+        unlearned_s: float | None = None,
+    ) -> float:
+        learned = self.learned_s(seen, extra)
+        if learned is not None:
+            return learned
+        return self.ceiling_s if unlearned_s is None else min(self.ceiling_s, unlearned_s)
+
+    def learned_s(self, seen: DurationHistogram, extra: Sequence[float] = ()) -> float | None:
+        """The learned limit; None until `min_samples` have been seen."""
         if seen.total + len(extra) < self.min_samples:
-            return self.ceiling_s
+            return None
         learned = self.factor * seen.quantile(self.quantile, extra)
         return min(self.ceiling_s, max(self.floor_s, learned))

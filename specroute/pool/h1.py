@@ -122,8 +122,18 @@ class _Connection(asyncio.Protocol):
             self._transport.write(body)
 
     async def head(self, wait_s: float | None) -> tuple[int, Headers]:
+        """The status and headers, all in within `wait_s` seconds: a head trickled a byte at a
+        time runs out the same clock."""
+        deadline = None if wait_s is None else self._loop.time() + wait_s
         while not self._head_done:
-            await self._wait(wait_s, "no reply from the backend")
+            left = None if deadline is None else deadline - self._loop.time()
+            try:
+                if left is not None and left <= 0:
+                    raise httpx.ReadTimeout("")
+                await self._wait(left, "no reply headers from the backend")
+            except httpx.ReadTimeout:
+                message = f"no reply headers from the backend within {wait_s:g} s"
+                raise httpx.ReadTimeout(message) from None
         return self._status, self._headers
 
     async def next_chunk(self, wait_s: float | None) -> bytes | None:
@@ -222,18 +232,32 @@ class H1Pool:
         self._closed = False
 
     async def request(
-        self, method: bytes, url: httpx.URL, headers: Headers, body: bytes, timeouts: Timeouts
+        self,
+        method: bytes,
+        url: httpx.URL,
+        headers: Headers,
+        body: bytes,
+        timeouts: Timeouts,
+        head_s: float | None = None,
     ) -> H1Reply:
         """Send one request; return once its status line and headers are in. `headers` must
         not hold Host or Content-Length: they are added here."""
         fixed = [(b"host", url.netloc), (b"content-length", b"%d" % len(body))]
-        return await self.exchange(url, _head(method, url, fixed + headers), body, timeouts)
+        head = _head(method, url, fixed + headers)
+        return await self.exchange(url, head, body, timeouts, head_s)
 
     async def exchange(
-        self, url: httpx.URL, head: bytes, body: bytes, timeouts: Timeouts
+        self,
+        url: httpx.URL,
+        head: bytes,
+        body: bytes,
+        timeouts: Timeouts,
+        head_s: float | None = None,
     ) -> H1Reply:
-        """Send a serialized request head and body to `url`'s backend; on a kept-alive
+        """Send a serialized request head and body to `url`'s backend; its status and headers
+        must be in within `head_s` seconds (unset: the read timeout). On a kept-alive
         connection the backend had already closed, once more on a fresh one."""
+        wait_s = timeouts.get("read") if head_s is None else head_s
         port = url.port or (443 if url.scheme == "https" else 80)
         key = (url.raw_scheme, url.raw_host, port)
         while True:
@@ -241,7 +265,7 @@ class H1Pool:
             reused = conn.used
             try:
                 conn.send(head, body)
-                status, headers = await conn.head(timeouts.get("read"))
+                status, headers = await conn.head(wait_s)
             except httpx.RemoteProtocolError:
                 self.release(conn)
                 if reused and not conn.received:

@@ -16,7 +16,7 @@ import structlog
 from specroute.config import BackendConfig, Config
 from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
-from specroute.pool.client import UpstreamClient, UpstreamFailure
+from specroute.pool.client import TimedOut, UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import DnsDiscovery, static_entries
 from specroute.pool.holds import Holds
 from specroute.pool.index import RoutingIndex
@@ -199,6 +199,14 @@ class Pool:
         backend.breaker.on_stall(time.monotonic())
         self.notify()
 
+    def misbehaved(self, backend: Backend, error: str) -> None:
+        """`backend` answered 200 with what its route does not promise: broken as a stalled
+        one is, unhealthy with its circuit open until a request succeeds."""
+        if backend.healthy:
+            log.warning("backend_bad_reply", backend=backend.name, error=error)
+        backend.breaker.on_stall(time.monotonic())
+        self.notify()
+
     def known_models(self) -> frozenset[str]:
         """Every name the backends list: their models and any LoRA adapters they loaded."""
         return self._model_names()[0]
@@ -268,6 +276,7 @@ class Pool:
         )
 
     async def _probe(self, backend: Backend) -> None:
+        timed_out = False
         try:
             status, _ = await self._get(backend, "/ready")
             ok = status == 200
@@ -275,7 +284,8 @@ class Pool:
         except UpstreamFailure as exc:
             ok = False
             backend.probe_error = probe_failure(exc, self._config.health.timeout_s)
-        flip = backend.on_probe(ok)
+            timed_out = isinstance(exc, TimedOut)
+        flip = backend.on_probe(ok, timed_out)
         if flip == "up":
             log.info("backend_up", backend=backend.name, url=backend.url)
         elif flip == "down":

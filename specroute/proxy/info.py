@@ -4,6 +4,7 @@ SGLang's own tools (sglang.bench_serving) work through the proxy."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -142,8 +143,10 @@ async def server_info(state: ProxyState) -> dict[str, Any]:
 
 
 def _first_state(info: dict[str, Any]) -> dict[str, Any]:
+    """`internal_states[0]`, where it is an object: an odd one is left out, not a 500."""
     states = info.get("internal_states")
-    return dict(states[0]) if isinstance(states, list) and states else {}
+    first = states[0] if isinstance(states, list) and states else None
+    return dict(first) if isinstance(first, dict) else {}
 
 
 def _pool_state(
@@ -154,6 +157,7 @@ def _pool_state(
         (float(s["avg_spec_accept_length"]), b.metrics.generation_tokens or 1.0)
         for (b, _), s in zip(infos, states, strict=True)
         if isinstance(s.get("avg_spec_accept_length"), int | float)
+        and math.isfinite(s["avg_spec_accept_length"])
     ]
     if weighted:
         total = sum(w for _, w in weighted)

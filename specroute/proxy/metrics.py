@@ -155,8 +155,8 @@ class ProxyMetrics:
         self.stalls = Counter(
             r,
             "specroute_stream_stalls_total",
-            "Streams whose backend stayed quiet past the learned limit, by backend and phase "
-            "(first_token, between_chunks).",
+            "Requests whose backend stayed quiet past their limit, by backend and phase "
+            "(headers, reply: a non-streamed one; first_token, between_chunks: a stream's).",
             ("backend", "phase"),
         )
 

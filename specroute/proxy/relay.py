@@ -1,8 +1,9 @@
 """The relay: one ASGI handler for the proxied routes, a request's life top to bottom. It reads
 the request (`intake`), binds the current policy to it, routes it, forwards the client's bytes,
 retries failures that happen before the first byte reaches the client, hands the reply over
-(`reply`, with the stall limits learned for its backend), and keeps the request's record: one
-log line, its metrics, an `Outcome` per attempt, and a stalled backend's breaker."""
+(`reply`, within the limits `pool.deadlines` fits to the request and its backend), and keeps
+the request's record: one log line, its metrics, an `Outcome` per attempt, and the breaker of a
+backend that stalled or answered what the route does not promise."""
 
 from __future__ import annotations
 
@@ -13,23 +14,23 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import msgspec
 import structlog
 
 from specroute.errors import (
+    NoHealthyBackendError,
     SpecrouteError,
-    UpstreamError,
-    UpstreamTimeoutError,
-    UpstreamUnavailableError,
 )
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
 from specroute.pool import (
+    AttemptLimits,
+    BadReply,
+    Deadlines,
     Lease,
+    ReplyTooLarge,
     Stalled,
-    StallRule,
-    TimedOut,
     UpstreamFailure,
     UpstreamResponse,
+    attempt_limits,
 )
 from specroute.proxy.intake import (
     ClientGone,
@@ -47,6 +48,7 @@ from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
+from specroute.proxy.upstream_errors import attempt_error, upstream_error
 
 __all__ = ["RELAY_PATHS", "Exchange", "Receive", "Relay", "Scope", "Send"]
 
@@ -58,7 +60,7 @@ RELAY_PATHS = {
     "/generate": "generate",
 }
 _UPSTREAM_PATH = {route: path for path, route in RELAY_PATHS.items()}
-_upstream_error = msgspec.json.Decoder(dict[str, Any])
+_KIND = {True: "stream", False: "request for JSON"}
 
 
 class Relay:
@@ -70,9 +72,8 @@ class Relay:
         self._intake = Intake(
             state.config, state.pool, state.auth, lambda reason: ignored.inc((reason,))
         )
-        t = state.config.timeouts
-        self._first_rule = StallRule(t.stall_factor, t.first_token_floor_s, t.first_byte_s)
-        self._gap_rule = StallRule(t.stall_factor, t.stall_floor_s, t.idle_s)
+        self._deadlines = Deadlines(state.config.timeouts)
+        self._max_reply_bytes = state.config.limits.max_reply_bytes
         self.draining = False
         self._open: dict[asyncio.Task[Any], Exchange] = {}
         self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
@@ -144,7 +145,13 @@ class Relay:
         request, policy = incoming.request, ex.policy
         tried: list[str] = []
         for attempt in range(1, retry.max_attempts + 1):
-            lease, decision = await state.admission.admit(request, policy, tried)
+            try:
+                lease, decision = await state.admission.admit(request, policy, tried)
+            except NoHealthyBackendError:
+                if ex.failure is None:
+                    raise
+                # The failure that took the last backend out says more than "none left".
+                raise attempt_error(*ex.failure) from ex.failure[1]
             backend = lease.backend
             ex.begin_attempt(lease, decision)
             state.decisions.record(
@@ -172,38 +179,50 @@ class Relay:
         """One try on one backend: None when the client got its answer, else why to retry."""
         backend = lease.backend
         upstream: UpstreamResponse | None = None
-        verdict: bool | Stalled | None = None  # breaker: success, failure, stall, no verdict
+        # To the breaker: success, failure, a stall or a bad reply, or no verdict.
+        verdict: bool | Stalled | BadReply | None = None
         status, error = 0, None
+        state = self._state
+        limits = attempt_limits(
+            self._deadlines,
+            state.pool.telemetry,
+            backend,
+            lease.in_flight_at_start,
+            incoming.request,
+            len(incoming.body),
+        )
         try:
-            upstream = await self._state.client.send(
+            upstream = await state.client.send(
                 "POST",
                 backend.url + _UPSTREAM_PATH[ex.route],
                 incoming.body,
                 _upstream_headers(backend.auth_headers),
+                limits.header_s,
             )
             status = upstream.status
             if status >= 500 or status == 429:
                 verdict = status == 429  # overload is not a broken backend
                 error = f"upstream status {status}"
-                detail = await upstream.read()
+                detail = await upstream.read(limits.first_s, self._max_reply_bytes)
                 if not last:
                     return f"status_{status}"
                 raise upstream_error(status, detail)
             if status >= 400:
                 verdict = True
-                raise upstream_error(status, await upstream.read())
-            await self._reply(ex, upstream, incoming)
+                raise upstream_error(
+                    status, await upstream.read(limits.first_s, self._max_reply_bytes)
+                )
+            await self._reply(ex, upstream, incoming, limits)
             verdict = ex.reply.error is None
             return None
         except UpstreamFailure as exc:
-            verdict, error = (exc if isinstance(exc, Stalled) else False), str(exc)
+            verdict, error = _verdict(exc), str(exc)
+            ex.failure = (backend.name, exc)
             if ex.reply.committed:
                 return None
-            if not last:  # a timeout too: the client has nothing yet, another backend may answer
-                return type(exc).__name__
-            if isinstance(exc, TimedOut):
-                raise UpstreamTimeoutError(f"backend {backend.name} timed out") from exc
-            raise UpstreamUnavailableError(f"backend {backend.name} failed: {exc}") from exc
+            if not last and not isinstance(exc, ReplyTooLarge):
+                return type(exc).__name__  # the client has nothing yet: another may answer
+            raise attempt_error(backend.name, exc) from exc
         finally:
             lease.release()
             self._judge(lease, verdict)
@@ -211,28 +230,47 @@ class Relay:
                 await upstream.aclose()
             self._learn(ex, lease, status, error or ex.reply.error)
 
-    async def _reply(self, ex: Exchange, upstream: UpstreamResponse, incoming: Incoming) -> None:
-        if upstream.status == 200 and upstream.content_type.startswith(b"text/event-stream"):
+    async def _reply(
+        self, ex: Exchange, upstream: UpstreamResponse, incoming: Incoming, limits: AttemptLimits
+    ) -> None:
+        """The reply the route promises: an event stream to a streamed request, a whole
+        body to any other; a 200 of another kind is the backend's fault (BadReply)."""
+        streamed = upstream.content_type.startswith(b"text/event-stream")
+        if upstream.status == 200 and streamed != incoming.request.stream:
+            kind = upstream.content_type[:60].decode("latin-1")
+            raise BadReply(f"the backend answered a {_KIND[incoming.request.stream]} with {kind}")
+        if upstream.status == 200 and streamed:
             state = self._state
             assert ex.backend is not None
             times = state.pool.telemetry.stream_times(ex.backend)
             clock = StreamClock(
                 state.config.timeouts.heartbeat_s,
-                self._first_rule.limit_s(times.first),
-                partial(self._gap_rule.limit_s, times.gaps),
+                limits.first_s,
+                partial(self._deadlines.gap_rule.limit_s, times.gaps, unlearned_s=limits.gap_s),
             )
+            limits_config = state.config.limits
             await ex.reply.send_stream(
-                upstream, incoming.extras, ex.headers(), clock, state.config.limits.client_stall_s
+                upstream,
+                incoming.extras,
+                ex.headers(),
+                clock,
+                limits_config.client_stall_s,
+                limits_config.max_event_bytes,
             )
         else:
-            await ex.reply.send_whole(upstream, incoming.extras, ex.headers())
+            await ex.reply.send_whole(
+                upstream, incoming.extras, ex.headers(), limits.reply_s, self._max_reply_bytes
+            )
 
-    def _judge(self, lease: Lease, verdict: bool | Stalled | None) -> None:
-        """The attempt's verdict to its backend's breaker; a stall also to its health."""
+    def _judge(self, lease: Lease, verdict: bool | Stalled | BadReply | None) -> None:
+        """The attempt's verdict to its backend's breaker; a stall or a bad reply also to its
+        health."""
         backend = lease.backend
         if isinstance(verdict, Stalled):
             self._state.metrics.stalls.inc((backend.name, verdict.phase))
             self._state.pool.stalled(backend, verdict.phase, verdict.limit_s)
+        elif isinstance(verdict, BadReply):
+            self._state.pool.misbehaved(backend, str(verdict))
         elif verdict is None:
             backend.breaker.on_abandon()
         elif verdict:
@@ -265,6 +303,7 @@ class Exchange:
         self.steps: int | None = None
         self.attempts = 0
         self.attempt_started = self.started
+        self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
@@ -357,27 +396,12 @@ class Exchange:
         )
 
 
-def upstream_error(status: int, body: bytes) -> UpstreamError:
-    """An upstream 4xx/5xx as our error with the same status and the upstream's message."""
-    message, kind = f"backend answered {status}", None
-    try:
-        data = _upstream_error.decode(body)
-    except msgspec.DecodeError:
-        # A plain-text refusal (a server's or a load balancer's own page): its first line is
-        # the reason, so the client learns why and not only that.
-        text = body[:300].decode("utf-8", "replace").strip().splitlines()
-        data = {"message": f"{message}: {text[0][:200]}"} if text and text[0].isprintable() else {}
-    detail = data.get("error", data)
-    if isinstance(detail, dict):
-        # OpenAI's and SGLang's {"message"}, or FastAPI's (and Litestar's) {"detail"}.
-        reason = detail.get("message") or detail.get("detail")
-        message = str(reason) if isinstance(reason, str) and reason else message
-        kind = detail.get("type")
-    elif isinstance(detail, str):
-        message = detail
-    exc = UpstreamError(message, status=status)
-    exc.error_type = kind if isinstance(kind, str) else "invalid_request_error"
-    return exc
+def _verdict(exc: UpstreamFailure) -> bool | Stalled | BadReply | None:
+    """A failed attempt's verdict on its backend: a reply too large for the proxy is no fault
+    of the backend's."""
+    if isinstance(exc, Stalled | BadReply):
+        return exc
+    return None if isinstance(exc, ReplyTooLarge) else False
 
 
 def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
-
-import msgspec
 
 from specroute.errors import (
     PayloadTooLargeError,
@@ -21,13 +18,19 @@ from specroute.errors import (
     error_body,
     error_event,
 )
-from specroute.pool import Stalled, StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
+from specroute.pool import (
+    Stalled,
+    StreamBroken,
+    TimedOut,
+    UpstreamFailure,
+    UpstreamResponse,
+)
 from specroute.proxy.bodies import BODY_MEMORY_FULL
 from specroute.proxy.intake import Extras, Send
+from specroute.proxy.meter import ReplyMeter, StreamRelay, strip_reply
 from specroute.proxy.stalls import HEARTBEAT, ClientTransport, SendWatch, StreamClock
-from specroute.sse import DONE, SSESplitter
 
-__all__ = ["Reply", "ReplyMeter", "StreamRelay", "shutting_down", "strip_reply"]
+__all__ = ["Reply", "shutting_down"]
 
 Headers = list[tuple[bytes, bytes]]
 _TICK_S = 0.001  # a wait that ends this close to the limit has reached it
@@ -85,9 +88,17 @@ class Reply:
         return self.stream.meter if self.stream is not None else self.meter
 
     async def send_whole(
-        self, upstream: UpstreamResponse, extras: Extras, headers: Headers
+        self,
+        upstream: UpstreamResponse,
+        extras: Extras,
+        headers: Headers,
+        within_s: float,
+        max_bytes: int,
     ) -> None:
-        body = strip_reply(await upstream.read(), extras, self.meter)
+        """The whole body, read within `within_s` seconds and `max_bytes`, then sent on; a
+        200 must be JSON (else BadReply)."""
+        body = await upstream.read(within_s, max_bytes)
+        body = strip_reply(body, extras, self.meter, upstream.status == 200)
         self.status = upstream.status
         start = [
             (b"content-type", upstream.content_type),
@@ -105,11 +116,12 @@ class Reply:
         headers: Headers,
         clock: StreamClock,
         stall_s: float,
+        max_event_bytes: int,
     ) -> None:
         """Headers go out with the first event, so a backend that fails during prefill is
         still retried invisibly, unless the first token takes `heartbeat_s`: then they go out
         with a heartbeat. After that, failures end the stream with an error event."""
-        self.stream = StreamRelay(extras, self._started)
+        self.stream = StreamRelay(extras, self._started, max_event_bytes)
         self._head = [(b"content-type", upstream.content_type), *headers]
         self._stall_s = stall_s
         tail = b""
@@ -142,23 +154,24 @@ class Reply:
     async def _relay(
         self, relay: StreamRelay, upstream: UpstreamResponse, clock: StreamClock
     ) -> None:
-        """Each chunk's whole events to the client as soon as they are in. The read's own
-        timeout is the clock: a read that times out is a heartbeat, or the stall."""
+        """Each chunk's whole events to the client as soon as they are in. The stall clock
+        runs from the last complete event, not the last byte: a backend that trickles bytes
+        and finishes no event is as quiet as a silent one. The read's own timeout is the
+        clock: a read that times out, or brings no whole event, is a heartbeat or the stall."""
         send = self._send
         watch = self._watch
-        wait, quiet, between = clock.first_wait(), 0.0, clock.gap_wait()
+        heard = said = time.perf_counter()  # the last event from the backend, to the client
+        wait, between = clock.first_wait(), clock.gap_wait()
         while True:
             try:
                 data = await upstream.next_chunk(wait)
             except TimedOut:
-                quiet += wait
-                wait = await self._heartbeat(relay, clock, quiet)
-                watch = self._watch
-                continue
+                data = b""
             if data is None:
                 return
-            wait, quiet = between, 0.0
-            out = relay.feed(data, time.perf_counter())
+            events = relay.events
+            now = time.perf_counter()
+            out = relay.feed(data, now) if data else b""
             if out:
                 if watch is None:
                     watch = await self._commit()
@@ -166,21 +179,32 @@ class Reply:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 watch.sending = False
                 watch.sent += len(out)
+                said = now
+            if relay.events != events:
+                heard, wait = now, between
+                continue
+            wait, said = await self._quiet(relay, clock, heard, said)
+            watch = self._watch
 
-    async def _heartbeat(self, relay: StreamRelay, clock: StreamClock, quiet: float) -> float:
-        """The stream has been quiet for `quiet` seconds: Stalled past its limit, else a
-        heartbeat (the headers first, if they are not out); returns the next read's wait."""
+    async def _quiet(
+        self, relay: StreamRelay, clock: StreamClock, heard: float, said: float
+    ) -> tuple[float, float]:
+        """No event since `heard`, nothing to the client since `said`: Stalled past the
+        limit, else a heartbeat if one is due (the headers first, if they are not out).
+        Returns the next read's wait and when the client last got bytes."""
         first = relay.ttft is None
         limit = clock.limit_s(first, relay.gaps)
-        if quiet >= limit - _TICK_S:
-            phase = "first_token" if first else "between_chunks"
-            raise Stalled(phase, limit)
-        watch = self._watch or await self._commit()
-        watch.sending = True
-        await self._send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
-        watch.sending = False
-        watch.sent += len(HEARTBEAT)
-        return min(clock.heartbeat_s, limit - quiet)
+        now = time.perf_counter()
+        if now - heard >= limit - _TICK_S:
+            raise Stalled("first_token" if first else "between_chunks", limit)
+        if now - said >= clock.heartbeat_s - _TICK_S:
+            watch = self._watch or await self._commit()
+            watch.sending = True
+            await self._send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
+            watch.sending = False
+            watch.sent += len(HEARTBEAT)
+            said = now
+        return max(_TICK_S, min(heard + limit, said + clock.heartbeat_s) - now), said
 
     async def _commit(self) -> SendWatch:
         """The stream's headers go out; from now on its client's reading pace is watched."""
@@ -214,165 +238,3 @@ def _stream_failure(exc: UpstreamFailure) -> SpecrouteError:
     if isinstance(exc, TimedOut):
         return UpstreamTimeoutError(f"backend stream stalled: {exc}")
     return StreamInterruptedError(f"backend stream interrupted: {exc}")
-
-
-# Reading what comes back -------------------------------------------------------------------
-
-
-class Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-class SpecDetails(msgspec.Struct):
-    spec_verify_ct: int | None = None
-    spec_accept_length: float | None = None
-
-
-class SglExt(msgspec.Struct):
-    spec_tokens_details: SpecDetails | None = None
-
-
-class MetaInfo(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    spec_verify_ct: int | None = None
-    spec_accept_length: float | None = None
-
-
-class Chunk(msgspec.Struct):
-    choices: list[msgspec.Raw] = []
-    usage: Usage | None = None
-    sglext: SglExt | None = None
-    meta_info: MetaInfo | None = None
-    error: msgspec.Raw = msgspec.Raw()
-
-
-_chunk = msgspec.json.Decoder(Chunk)
-_any = msgspec.json.Decoder(dict[str, Any])
-
-
-class ReplyMeter:
-    """Tokens and speculative statistics seen in a reply (streamed or whole)."""
-
-    __slots__ = ("accept_length", "completion_tokens", "error", "prompt_tokens", "verify_ct")
-
-    def __init__(self) -> None:
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.verify_ct: int | None = None
-        self.accept_length: float | None = None
-        self.error: str | None = None
-
-    def take(self, chunk: Chunk) -> None:
-        if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.prompt_tokens
-            self.completion_tokens = chunk.usage.completion_tokens
-        details = chunk.sglext.spec_tokens_details if chunk.sglext else None
-        if details is not None:
-            self.verify_ct = details.spec_verify_ct
-            self.accept_length = details.spec_accept_length
-        meta = chunk.meta_info
-        if meta is not None:
-            self.prompt_tokens = meta.prompt_tokens
-            self.completion_tokens = meta.completion_tokens
-            self.verify_ct = meta.spec_verify_ct
-            self.accept_length = meta.spec_accept_length
-        error = bytes(chunk.error)
-        if error and error != b"null":
-            self.error = error.decode("utf-8", "replace")[:200]
-
-
-def _interesting(payload: bytes) -> bool:
-    return (
-        b'"usage"' in payload
-        or b'"sglext"' in payload
-        or b'"meta_info"' in payload
-        or b'"error"' in payload
-    )
-
-
-class StreamRelay:
-    """Feed upstream bytes; get back the bytes to forward (whole events only)."""
-
-    __slots__ = (
-        "_extras",
-        "_last",
-        "_splitter",
-        "_started",
-        "chunks",
-        "gaps",
-        "meter",
-        "saw_done",
-        "ttft",
-    )
-
-    def __init__(self, extras: Extras, started: float) -> None:
-        self._extras = extras
-        self._splitter = SSESplitter()
-        self._started = started
-        self._last: float | None = None
-        self.chunks = 0
-        self.gaps: list[float] = []
-        self.ttft: float | None = None
-        self.meter = ReplyMeter()
-        self.saw_done = False
-
-    def feed(self, data: bytes, now: float) -> bytes:
-        out = [event for event, payload in self._splitter.feed(data) if self._keep(payload, now)]
-        return b"".join(out) if len(out) != 1 else out[0]
-
-    def rest(self) -> bytes:
-        """An unterminated tail at the end of the stream, passed on as it came."""
-        return self._splitter.rest()
-
-    def _keep(self, payload: bytes | None, now: float) -> bool:
-        if payload is None:
-            return True  # comments, `event:` lines and other non-data events pass untouched
-        if payload == DONE:
-            self.saw_done = True
-            return True
-        if payload[:1] != b"{" or payload[-1:] != b"}":  # torn or garbled: clients cannot parse it
-            raise StreamBroken(f"backend sent a malformed event: {payload[:40]!r}")
-        chunk = _decode(payload) if _interesting(payload) else None
-        if chunk is not None:
-            self.meter.take(chunk)
-        if chunk is None or chunk.choices or chunk.meta_info is not None:
-            self._tick(now)
-            return True
-        extra_usage = chunk.usage is not None
-        extra_sglext = chunk.sglext is not None
-        if not (extra_usage or extra_sglext):
-            return True
-        return not (
-            (not extra_usage or self._extras.strip_usage)
-            and (not extra_sglext or self._extras.strip_sglext)
-        )
-
-    def _tick(self, now: float) -> None:
-        self.chunks += 1
-        if self._last is None:
-            self.ttft = now - self._started
-        else:
-            self.gaps.append(now - self._last)
-        self._last = now
-
-
-def _decode(payload: bytes) -> Chunk | None:
-    try:
-        return _chunk.decode(payload)
-    except msgspec.DecodeError:
-        return None
-
-
-def strip_reply(body: bytes, extras: Extras, meter: ReplyMeter) -> bytes:
-    """A whole (non-streamed) reply: measure it, and remove `sglext` if the client did not ask."""
-    chunk = _decode(body)
-    if chunk is None:
-        return body
-    meter.take(chunk)
-    if not (extras.strip_sglext and chunk.sglext is not None):
-        return body
-    data = _any.decode(body)
-    data.pop("sglext", None)
-    return msgspec.json.encode(data)

@@ -1,0 +1,313 @@
+"""Backends that fail slowly: one that accepts and never answers, one that sends its headers and
+then nothing, one that trickles bytes that never finish an event or a body, a /ready that
+trickles; and backends that answer 200 with what the route does not promise. Each costs its
+client a clean error in OpenAI's shape and marks the backend unhealthy, also on a proxy that
+started a moment ago and has learned nothing (the a priori limits)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import inprocess
+import pytest
+from inprocess import Send, Upstream, event
+
+# Small limits where the test is not about the defaults: each case ends in about a second.
+QUICK = {
+    "header_s": 0.5,
+    "first_token_floor_s": 0.5,
+    "stall_floor_s": 0.5,
+    "heartbeat_s": 0.2,
+}
+WITHIN_S = 10.0  # what the issue asks: a clean error within 10 s of the backend going quiet
+START = {"type": "http.response.start", "status": 200}
+SSE = [(b"content-type", b"text/event-stream")]
+JSON = [(b"content-type", b"application/json")]
+
+
+def _chat(stream: bool, max_tokens: int = 8) -> dict[str, object]:
+    return {
+        "model": inprocess.MODEL,
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def _token(text: str) -> bytes:
+    choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+    return event({"id": "c", "object": "chat.completion.chunk", "choices": [choice]})
+
+
+class Backends:
+    """Scripted misbehaviours; `gone` ends every handler still running when the test ends."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+
+    async def never_answers(self, _: bytes, send: Send) -> None:
+        await self.gone.wait()
+
+    async def headers_then_silence(self, _: bytes, send: Send) -> None:
+        await send({**START, "headers": SSE})
+        await self.gone.wait()
+
+    def trickle(
+        self, head: list[tuple[bytes, bytes]], tokens: int, gap_s: float
+    ) -> Callable[[bytes, Send], Awaitable[None]]:
+        """A handler: `tokens` whole events, then an event (or body) a byte each `gap_s`."""
+
+        async def handler(_: bytes, send: Send) -> None:
+            await send({**START, "headers": head})
+            for _ in range(tokens):
+                await send({"type": "http.response.body", "body": _token("t"), "more_body": True})
+            while not self.gone.is_set():
+                await send({"type": "http.response.body", "body": b"d", "more_body": True})
+                await asyncio.sleep(gap_s)
+
+        return handler
+
+
+async def _outcome(url: str, body: dict[str, object]) -> tuple[int, bytes, float]:
+    """Status, raw body and seconds taken of one request (its own limit far above 10 s)."""
+    started = time.monotonic()
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as reply,
+    ):
+        raw = b"".join([chunk async for chunk in reply.aiter_raw()])
+    return reply.status_code, raw, time.monotonic() - started
+
+
+def _error_of(status: int, raw: bytes) -> dict[str, Any]:
+    """The OpenAI-shaped error a client got: the body of a failed reply, or a stream's
+    error event followed by [DONE]."""
+    if status != 200:
+        return dict(json.loads(raw)["error"])
+    data = [line for line in raw.split(b"\n") if line.startswith(b"data: ")]
+    assert data[-1] == b"data: [DONE]"
+    return dict(json.loads(data[-2].removeprefix(b"data: "))["error"])
+
+
+async def _pool(url: str) -> dict[str, dict[str, Any]]:
+    async with httpx.AsyncClient(base_url=url) as client:
+        backends = (await client.get("/pool")).json()["backends"]
+    return {b["name"]: b for b in backends}
+
+
+async def _case(
+    make: Callable[[Backends], Callable[[bytes, Send], Awaitable[None]]],
+    body: dict[str, object],
+    **overrides: object,
+) -> tuple[dict[str, Any], float, dict[str, Any]]:
+    """One misbehaving backend behind a fresh proxy: the error its client got, the seconds
+    it took, and the backend as /pool shows it afterwards."""
+    scripts = Backends()
+    async with (
+        Upstream(make(scripts)).running() as bad,
+        inprocess.proxy({"bad": bad}, **overrides) as (url, _),
+    ):
+        try:
+            status, raw, took = await _outcome(url, body)
+            seen = (await _pool(url))["bad"]
+        finally:
+            scripts.gone.set()  # the scripted handlers end before their servers stop
+    return _error_of(status, raw), took, seen
+
+
+def _fresh(timeouts: dict[str, float]) -> dict[str, object]:
+    return {"timeouts": timeouts, "breaker": {"open_s": 60.0}}
+
+
+CASES = {
+    "never answers, streamed": (lambda b: b.never_answers, True),
+    "never answers, whole": (lambda b: b.never_answers, False),
+    "headers then silence": (lambda b: b.headers_then_silence, True),
+    "trickles before the first token": (lambda b: b.trickle(SSE, 0, 0.05), True),
+    "trickles between tokens": (lambda b: b.trickle(SSE, 3, 0.05), True),
+    "trickles a whole body": (lambda b: b.trickle(JSON, 0, 0.05), False),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_slow_backend_costs_its_client_a_clean_error_and_its_health(name: str) -> None:
+    make, stream = CASES[name]
+    error, took, seen = asyncio.run(_case(make, _chat(stream), **_fresh(QUICK)))
+    assert error["code"] == "upstream_timeout"
+    assert error["type"] == "timeout"
+    assert " s" in error["message"]  # the limit it ran into, stated
+    assert took < WITHIN_S
+    assert not seen["healthy"]
+    assert seen["breaker"] == "open"
+
+
+def test_a_fresh_proxy_with_the_default_limits_ends_slow_backends_within_10_s() -> None:
+    """Nothing learned and nothing configured: the a priori limits, from the defaults."""
+
+    async def both() -> list[tuple[dict[str, Any], float, dict[str, Any]]]:
+        return list(
+            await asyncio.gather(
+                _case(lambda b: b.trickle(SSE, 0, 1.0), _chat(True)),  # a byte a second
+                _case(lambda b: b.never_answers, _chat(False)),
+            )
+        )
+
+    for error, took, seen in asyncio.run(both()):
+        assert error["code"] == "upstream_timeout"
+        assert took < WITHIN_S
+        assert not seen["healthy"]
+
+
+def test_the_error_states_the_limit_that_was_reached() -> None:
+    limits = {**QUICK, "first_token_floor_s": 1.5}
+    error, took, _ = asyncio.run(
+        _case(lambda b: b.headers_then_silence, _chat(True), **_fresh(limits))
+    )
+    found = re.search(r"no event from the backend for ([0-9.]+) s", error["message"])
+    assert found is not None, error["message"]
+    stated = float(found.group(1))
+    # The floor plus the prediction for a tiny prompt (a fraction of a second), and what the
+    # client really waited: not a figure from some other clock.
+    assert 1.5 <= stated < 2.0
+    assert took >= stated - 0.01
+
+
+# Replies that are not what the route promises --------------------------------------------------
+
+
+async def _not_json(_: bytes, send: Send) -> None:
+    await send({**START, "headers": JSON})
+    await send({"type": "http.response.body", "body": b"<html>captive portal</html>"})
+
+
+async def _not_sse(_: bytes, send: Send) -> None:
+    await send({**START, "headers": JSON})
+    await send({"type": "http.response.body", "body": b'{"choices": []}'})
+
+
+@pytest.mark.parametrize(("handler", "stream"), [(_not_json, False), (_not_sse, True)])
+def test_a_200_that_is_not_what_the_route_promises_is_a_502_and_a_broken_backend(
+    handler: Callable[[bytes, Send], Awaitable[None]], stream: bool
+) -> None:
+    error, _, seen = asyncio.run(_case(lambda _: handler, _chat(stream), **_fresh(QUICK)))
+    assert error["code"] == "bad_upstream_reply"
+    assert error["type"] == "upstream_error"
+    assert not seen["healthy"]
+    assert seen["breaker"] == "open"
+
+
+ODD_STATES = ["odd", [1], [None], [{"avg_spec_accept_length": "x"}], {"a": 1}]
+
+
+async def _with_odd_states(states: object) -> tuple[int, dict[str, Any], int, int]:
+    done = inprocess.stream_of([_token("t"), b"data: [DONE]\n\n"])
+    backend = Upstream(done, info={"internal_states": states})
+    async with (
+        backend.running(),
+        inprocess.proxy({"b": backend}, health={"metrics_interval_s": 0.05}) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        scraper = app.state.pool.scraper
+        for _ in range(1000):  # the scraper outlives a view built on the odd states
+            if scraper.scrapes >= 2:
+                break
+            await asyncio.sleep(0.01)
+        info = await client.get("/server_info")
+        chat = await client.post("/v1/chat/completions", json=_chat(True))
+        pool = (await _pool(url))["b"]
+    return info.status_code, pool, chat.status_code, scraper.scrapes
+
+
+@pytest.mark.parametrize("states", ODD_STATES)
+def test_an_odd_internal_states_neither_stops_the_proxy_nor_its_scraper_nor_server_info(
+    states: object,
+) -> None:
+    info_status, pool, chat_status, scrapes = asyncio.run(_with_odd_states(states))
+    assert info_status == 200
+    assert pool["healthy"]
+    assert chat_status == 200
+    assert scrapes >= 2
+
+
+# Replies too large to hold ----------------------------------------------------------------------
+
+
+async def _endless(_: bytes, send: Send) -> None:
+    """A streamed event that never ends, 64 KiB at a time."""
+    await send({**START, "headers": SSE})
+    await send({"type": "http.response.body", "body": b"data: {", "more_body": True})
+    for _ in range(10_000):
+        await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _huge(_: bytes, send: Send) -> None:
+    await send({**START, "headers": JSON})
+    for _ in range(10_000):
+        await send({"type": "http.response.body", "body": b" " * 65536, "more_body": True})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def test_an_event_past_its_cap_ends_the_stream_and_a_body_past_its_cap_is_a_502() -> None:
+    caps = {"max_event_bytes": 1 << 20, "max_reply_bytes": 1 << 20}
+    error, _, seen = asyncio.run(_case(lambda _: _endless, _chat(True), limits=caps))
+    assert error["code"] in {"bad_upstream_reply", "stream_interrupted"}
+    assert "over 1048576 bytes" in error["message"]
+    assert not seen["healthy"]  # a never-ending event is a broken backend
+    error, _, seen = asyncio.run(_case(lambda _: _huge, _chat(False), limits=caps))
+    assert error["code"] == "upstream_reply_too_large"
+    assert seen["healthy"]  # a large reply is no fault of the backend's
+
+
+# A /ready that trickles -----------------------------------------------------------------------
+
+
+class TricklingReady(Upstream):
+    """Answers as SGLang does until `trickle` is set; then its /ready sends a byte at a time."""
+
+    def __init__(self) -> None:
+        super().__init__(inprocess.stream_of([_token("t"), b"data: [DONE]\n\n"]))
+        self.trickle = asyncio.Event()
+        self.gone = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/ready" and self.trickle.is_set():
+            await send({**START, "headers": [*JSON, (b"content-length", b"1000")]})
+            while not self.gone.is_set():
+                await send({"type": "http.response.body", "body": b" ", "more_body": True})
+                await asyncio.sleep(0.05)
+            return
+        await super().__call__(scope, receive, send)
+
+
+async def _ready_goes_quiet() -> tuple[float, float, dict[str, Any]]:
+    backend = TricklingReady()
+    health = {"interval_s": 0.2, "timeout_s": 0.5, "success_threshold": 1}
+    async with (
+        backend.running(),
+        inprocess.proxy({"bad": backend}, health=health) as (url, _),
+    ):
+        try:
+            assert (await _pool(url))["bad"]["healthy"]
+            started = time.monotonic()
+            backend.trickle.set()
+            while (await _pool(url))["bad"]["healthy"]:
+                assert time.monotonic() - started < WITHIN_S, "still healthy"
+                await asyncio.sleep(0.02)
+            took = time.monotonic() - started
+            seen = (await _pool(url))["bad"]
+        finally:
+            backend.gone.set()
+    return took, health["interval_s"] + health["timeout_s"], seen
+
+
+def test_a_trickling_ready_marks_the_backend_unhealthy_within_an_interval_and_a_deadline() -> None:
+    took, bound, _ = asyncio.run(_ready_goes_quiet())
+    # One probe interval plus its deadline, with room for a loaded machine's scheduling.
+    assert took < bound + 2.0
