@@ -13,6 +13,7 @@ from specroute.pool.client import (
     UpstreamResponse,
 )
 from specroute.pool.estimators import StallRule
+from specroute.pool.holds import BACKEND_STATES, BackendState, Hold, Holds, HoldState
 from specroute.pool.index import RoutingIndex
 from specroute.pool.load import LoadMark, Share, headroom, share_of
 from specroute.pool.peers import Peers
@@ -24,12 +25,17 @@ from specroute.pool.sharing import EstimatesWire, PeerTable, blend_classes, loca
 from specroute.pool.telemetry import Telemetry
 
 __all__ = [
+    "BACKEND_STATES",
     "Backend",
     "BackendMetrics",
+    "BackendState",
     "BreakerState",
     "CircuitBreaker",
     "ConnectFailed",
     "EstimatesWire",
+    "Hold",
+    "HoldState",
+    "Holds",
     "Lease",
     "LoadMark",
     "PeerTable",
