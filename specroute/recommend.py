@@ -32,6 +32,7 @@ __all__ = [
     "diminishing",
     "geomean",
     "pool_loads",
+    "primary",
     "regimes",
     "step_gains",
 ]
@@ -265,3 +266,9 @@ def advise(
         worth_up_to=worth,
         mix=best_mix(aggregate, servers, depths, others),
     )
+
+
+def primary(advice: Sequence[Advice]) -> Advice | None:
+    """The advice a pool is recommended by: the first traffic kind that is not greedy (SGLang
+    samples unless asked not to), else the first there is."""
+    return next((a for a in advice if a.traffic != "greedy"), advice[0] if advice else None)
