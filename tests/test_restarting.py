@@ -1,12 +1,14 @@
 """A planned restart is not an outage: a backend the launcher's actuator holds `restarting`
 fails its health checks on purpose, and the proxy says so (an info log with the plan's reason,
 `specroute_backend_state`, `/pool`, the dashboard's data) instead of reporting it down; once
-it serves again at its new depth, that depth shows beside its unchanged name. Scripted
-backends on loopback, the proxy in this test's event loop."""
+it serves again at its new depth, that depth shows beside its unchanged name (in the
+launcher's crash report too). Scripted backends on loopback, the proxy in this test's loop."""
 
 from __future__ import annotations
 
 import asyncio
+import io
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,6 +16,11 @@ from emulator_support import parse_metrics
 from inprocess import ADMIN, Upstream, proxy, stream_of
 from structlog.testing import capture_logs
 
+from specroute.launch.argv import LaunchOptions, build_plan
+from specroute.launch.depth_flags import server_at
+from specroute.launch.launcher import Launcher, LaunchSettings
+from specroute.launch.supervisor import Supervised
+from specroute.planner import Setting
 from specroute.pool import Holds
 from specroute.proxy.dashboard import Sampler
 
@@ -129,3 +136,13 @@ def test_after_the_restart_the_new_depth_shows_beside_the_launch_name() -> None:
     a = seen["after"]["a"]
     assert (a["name"], a["steps"], a["state"], a["change"]) == ("a", 3, "serving", None)
     assert (seen["after_sample"].steps, seen["after_sample"].state) == (3, "serving")
+
+
+def test_a_crash_after_a_depth_change_names_the_depth_the_server_runs_at(tmp_path: Path) -> None:
+    options = LaunchOptions(model="m", steps=(2,), emulate=True)
+    plan = build_plan(options)
+    out = io.StringIO()
+    launcher = Launcher(plan, LaunchSettings(log_dir=tmp_path), out=out)
+    moved = server_at(options, plan.servers[0], Setting(steps=3))  # as a restart does
+    launcher.crashed(Supervised(moved, tmp_path), -9, "last words")
+    assert "steps2 exited with status -9; restarting at depth 3 (log:" in out.getvalue()
