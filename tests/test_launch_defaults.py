@@ -71,6 +71,15 @@ def test_the_pool_is_the_one_tune_recommends_for_the_same_depths_and_size() -> N
         assert got.steps == tuned
 
 
+def test_the_expected_load_picks_the_pool_best_at_that_load() -> None:
+    prior = _prior()
+    quiet = launch_depths(steps=None, allowed=None, prior=prior, servers=2, users=2)
+    busy = launch_depths(steps=None, allowed=None, prior=prior, servers=2, users=64)
+    assert quiet.steps == (3, 3)  # deep speculation wins with few users
+    assert busy.steps == (1, 1)  # shallow wins under load
+    assert busy.steps_from.endswith("(no mix beats 2 x k1 by 1%; for 64 requests at once)")
+
+
 def test_the_measured_depths_are_the_fixed_ones_with_points() -> None:
     prior = _prior((1, 3))
     unmeasured = Target(label="steps5", steps=5)  # its sweep failed: nothing to go on
@@ -126,6 +135,7 @@ def test_dry_run_names_given_and_default_sources(capsys: pytest.CaptureFixture[s
     status, _, err = _dry_run(capsys)
     assert status == 2
     assert "--steps K,K,... is required (or --prior FILE" in err
-    status, _, err = _dry_run(capsys, "--steps", "1", "--servers", "2")
-    assert status == 2
-    assert "--servers sizes the pool --prior recommends" in err
+    for flag in ("--servers", "--expected-users"):
+        status, _, err = _dry_run(capsys, "--steps", "1", flag, "2")
+        assert status == 2
+        assert f"{flag} is for the pool --prior recommends; --steps names every server" in err

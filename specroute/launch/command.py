@@ -66,6 +66,10 @@ def register(subparsers: Subcommands) -> None:
     add("--servers", type=int, default=None, metavar="N",
         help="with --prior and no --steps, the pool's size (default: what --gpus hold at --tp; "
         "3 with --emulate)")
+    add("--expected-users", type=int, default=None, metavar="N",
+        help="with --prior and no --steps, the requests the pool should expect at once: its "
+        "pool is the one best at that load (default: the best over every load the tune "
+        "measured)")
     add("--algorithm", choices=ALGORITHMS, default="NEXTN",
         help="NEXTN: the model's built-in MTP head; EAGLE/EAGLE3 need --draft-model")
     add("--draft-model", default=None, help="draft model path (EAGLE, EAGLE3)")
@@ -161,8 +165,13 @@ def launch_depths_of(args: argparse.Namespace, detected: tuple[int, ...] = ()) -
     """The servers' depths and the planner's, from the flags and the prior (see defaults)."""
     from specroute.profile_format import ProfileFormatError, decode_profile
 
-    if args.servers is not None and args.steps is not None:
-        raise PlanError("--servers sizes the pool --prior recommends; --steps names every server")
+    for flag, value in (("--servers", args.servers), ("--expected-users", args.expected_users)):
+        if value is not None and args.steps is not None:
+            raise PlanError(
+                f"{flag} is for the pool --prior recommends; --steps names every server"
+            )
+    if args.expected_users is not None and args.expected_users < 1:
+        raise PlanError(f"--expected-users must be at least 1, not {args.expected_users}")
     prior = None
     if args.prior:
         try:
@@ -175,6 +184,7 @@ def launch_depths_of(args: argparse.Namespace, detected: tuple[int, ...] = ()) -
         prior=prior,
         prior_name=args.prior or "",
         servers=_pool_size(args, detected),
+        users=args.expected_users,
     )
 
 

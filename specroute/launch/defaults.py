@@ -9,7 +9,7 @@ import msgspec
 
 from specroute.launch.argv import PlanError
 from specroute.profile_format import Profile, Target
-from specroute.recommend import MIN_MIX_GAIN, advise, pool_loads, primary
+from specroute.recommend import MIN_MIX_GAIN, Advice, advise, best_mix, curves, primary
 from specroute.reconfigure.loop import ReconfigureOptions
 
 __all__ = ["LaunchDepths", "launch_depths", "measured_depths"]
@@ -55,40 +55,47 @@ def measured_depths(profile: Profile) -> tuple[int, ...]:
     return tuple(sorted(set(_fixed(profile).values())))
 
 
-def _recommended(
-    profile: Profile, allowed: tuple[int, ...], servers: int, name: str
-) -> tuple[tuple[int, ...], str]:
-    """The prior's pool of `servers` among `allowed`, with why; PlanError when none."""
-    steps_of = {label: k for label, k in _fixed(profile).items() if k in allowed}
-    labels = list(steps_of)
-    measured = [t for t in profile.targets if t.label in steps_of]
+def _primary(profile: Profile, labels: list[str], servers: int) -> Advice | None:
+    """Tune's recommendation for the traffic kind a pool is chosen for (sampled)."""
     kinds = [t.name for t in profile.traffic] or sorted(
-        {p.traffic for t in measured for p in t.points}
+        {p.traffic for t in profile.targets if t.label in labels for p in t.points}
     )
-    advice = [a for kind in kinds if (a := advise(profile, kind, labels, (), servers))]
-    chosen = primary(advice)
-    if chosen is None or chosen.mix is None:
+    return primary([a for kind in kinds if (a := advise(profile, kind, labels, (), servers))])
+
+
+def _recommended(
+    profile: Profile, allowed: tuple[int, ...], servers: int, name: str, users: int | None
+) -> tuple[tuple[int, ...], str]:
+    """The prior's pool of `servers` among `allowed` (for `users` at once, else over every
+    load it measured), with why; PlanError when there is none."""
+    steps_of = {label: k for label, k in _fixed(profile).items() if k in allowed}
+    chosen = _primary(profile, list(steps_of), servers)
+    mix = chosen.mix if chosen is not None else None
+    if chosen is not None and users is not None:
+        table = curves(profile, chosen.traffic)
+        mix = best_mix(table, servers, list(steps_of), (), loads=(users,))
+    if chosen is None or mix is None:
         raise PlanError(
             f"--prior {name} measured no fixed depth among --allowed-steps {_text(allowed)}: "
             "name the servers with --steps"
         )
-    mix = chosen.mix
-    steps = tuple(sorted(steps_of[label] for label in mix.servers))
-    levels = sorted(
-        {p.concurrency for t in measured for p in t.points if p.traffic == chosen.traffic}
-    )
-    loads = pool_loads(levels, servers)
     baseline = f"{servers} x k{steps_of[mix.baseline[0]]}"
     against = (
         f"no mix beats {baseline} by {MIN_MIX_GAIN:.0%}"
         if mix.servers == mix.baseline
         else f"{mix.gain:+.1%} over {baseline}"
     )
+    loads = sorted(mix.by_load)
+    at = (
+        f"for {users} requests at once"
+        if users
+        else f"geometric mean over {loads[0]}-{loads[-1]} users"
+    )
     why = (
         f"the pool {name} recommends for {chosen.traffic} traffic with {servers} servers "
-        f"({against}; geometric mean over {loads[0]}-{loads[-1]} users)"
+        f"({against}; {at})"
     )
-    return steps, why
+    return tuple(sorted(steps_of[label] for label in mix.servers)), why
 
 
 def launch_depths(
@@ -98,9 +105,11 @@ def launch_depths(
     prior: Profile | None,
     prior_name: str = "the prior",
     servers: int = 3,
+    users: int | None = None,
 ) -> LaunchDepths:
     """The depths `launch` starts and lets the planner use: the operator's where named (None
-    where not), else the prior's, else the defaults. PlanError when no pool can be chosen."""
+    where not), else the prior's (its pool of `servers` for `users` at once, else over the
+    loads it measured), else the defaults. PlanError when no pool can be chosen."""
     measured = measured_depths(prior) if prior is not None else ()
     if allowed is not None:
         allowed_from = "given"
@@ -114,5 +123,5 @@ def launch_depths(
                             allowed_from=allowed_from)  # fmt: skip
     if prior is None:
         raise PlanError("--steps K,K,... is required (or --prior FILE: the pool it recommends)")
-    chosen, why = _recommended(prior, allowed, servers, prior_name)
+    chosen, why = _recommended(prior, allowed, servers, prior_name, users)
     return LaunchDepths(steps=chosen, steps_from=why, allowed=allowed, allowed_from=allowed_from)
