@@ -197,7 +197,8 @@ class ProxyGauges:
         )
         yield _gauge(
             "specroute_backend_healthy",
-            "1 when the backend passes its /ready checks.",
+            "1 when the backend passes its /ready checks (0 during a planned restart too: "
+            "specroute_backend_state tells that from an outage).",
             ("backend",),
             (((b.name,), float(b.healthy)) for b in backends),
         )
