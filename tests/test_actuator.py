@@ -249,9 +249,13 @@ async def _change_during_a_stream(tmp_path: Path, kill_first: bool) -> dict[str,
                                 for s in launcher.servers])  # fmt: skip
         restarts = ServerRestarts(launcher, options, act)
         tried: list[Setting] = []
+        during: list[dict[str, Any]] = []  # the server in /pool as each restart begins
 
         async def restart(name: str, setting: Setting) -> str | None:
             tried.append(setting)
+            async with httpx.AsyncClient(base_url=url, headers={"authorization": "Bearer k"}) as c:
+                during.append(next(b for b in (await c.get("/pool")).json()["backends"]
+                                   if b["name"] == name))  # fmt: skip
             i = next(j for j, s in enumerate(launcher.servers) if s.plan.name == name)
             old = launcher.servers[i].pid
             first = kill_first and len(tried) == 1
@@ -281,7 +285,7 @@ async def _change_during_a_stream(tmp_path: Path, kill_first: bool) -> dict[str,
             metrics = parse_metrics((await client.get("/metrics")).text)
         await link.aclose()
         return {"busy": busy, "before": steps, "tried": tried, "events": events, "plan": plan,
-                "pool": pool, "metrics": metrics, "act": act}  # fmt: skip
+                "pool": pool, "metrics": metrics, "act": act, "during": during}  # fmt: skip
     finally:
         await launcher.shutdown()
 
@@ -327,6 +331,11 @@ def test_a_restart_that_comes_up_is_readmitted_at_its_new_depth(tmp_path: Path) 
     assert seen["tried"] == [K3]
     assert seen["act"].history[-1].outcome == "done"
     assert _steps_of(seen["pool"], busy) == 3  # rediscovered before readmission
+    # While it restarted, the proxy knew why: a planned change, not an outage.
+    (during,) = seen["during"]
+    assert during["state"] == "restarting"
+    assert during["change"]["to"] == "k3"
+    assert during["change"]["reason"] == "k1 100 -> k3 150"
     assert seen["plan"]["history"][0]["after"] == "k3"
     _stream_intact(seen["events"])
 

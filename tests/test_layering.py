@@ -44,6 +44,7 @@ LEAVES = frozenset(
         "tasks",
         "prometheus",
         "profile_format",  # the profile file that bench and tune write and the pool reads
+        "recommend",  # what a profile recommends: tune reports it, launch starts it
         "structdoc",  # field docstrings and type words for help and the example config
     }
 )

@@ -86,3 +86,33 @@ def test_the_panel_shows_the_plan_each_servers_state_and_the_history(emulator: S
     assert "serving" in states["steps3"]
     assert "fell_back" in history
     assert "exited with status -9" in history
+
+
+def test_a_restarting_server_is_shown_moving_with_its_change_not_down(emulator: Server) -> None:
+    # `steps2` answers nothing (a server mid-restart); the actuator holds it `restarting`.
+    serve = ["serve", "--backend", f"steps1={emulator.url}", "--backend",
+             "steps2=http://127.0.0.1:9", "--admin-key", "panel-admin"]  # fmt: skip
+    with run_server(serve) as proxy:
+        hold = {"state": "restarting", "to": "k3", "reason": "k1/k2 500 -> k1/k3 560"}
+        answer = httpx.put(proxy.url + "/pool/backends/steps2/state", json=hold,
+                           headers={"authorization": "Bearer panel-admin"})  # fmt: skip
+        assert answer.status_code == 200
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox"])
+            try:
+                page = browser.new_page()
+                page.goto(proxy.url + "/dashboard")
+                card = "[data-backend='steps2']"
+                page.wait_for_function(
+                    "() => (document.querySelector(\"[data-backend='steps2']\") || {dataset: {}})"
+                    ".dataset.state === 'restarting'"
+                )
+                sub = page.text_content(card + " .sub") or ""
+                dot = page.get_attribute(card + " .dot", "class") or ""
+                healthy = page.text_content("[data-backend='steps1'] .sub") or ""
+            finally:
+                browser.close()
+    assert sub.startswith("restarting \u2192 k3 (k1/k2 500 -> k1/k3 560)")
+    assert "DOWN" not in sub
+    assert dot.split() == ["dot", "moving"]  # not the red `down` dot
+    assert healthy.startswith("healthy")

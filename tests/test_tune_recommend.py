@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specroute.profile_format import Point, Profile, Target
-from specroute.tune.recommend import (
+from specroute.recommend import (
     advise,
     best_fixed,
     best_mix,

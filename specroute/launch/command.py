@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+import structlog
+
 from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
@@ -18,14 +20,21 @@ from specroute.launch.argv import (
     PlanError,
     build_plan,
     format_plan,
+    parse_gpus,
+    parse_steps,
 )
+from specroute.launch.defaults import LaunchDepths, launch_depths
 from specroute.launch.flags import add_server_arguments, host_gpus, server_options
 from specroute.launch.restarts import attach, with_admin_key
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create, pinned_depth
 from specroute.reconfigure import options as reconfigure_flags
+from specroute.reconfigure.loop import ReconfigureOptions
+from specroute.reconfigure.options import allowed_steps
 
-__all__ = ["options_from_args", "register", "run"]
+log = structlog.get_logger()
+
+__all__ = ["launch_depths_of", "options_from_args", "register", "run"]
 
 DESCRIPTION = (
     "Start one SGLang server per speculative depth (--steps 1,2,3), each on its own GPUs and "
@@ -46,7 +55,16 @@ def register(subparsers: Subcommands) -> None:
         description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("--steps", required=True, help="comma-separated depths, one server each, e.g. 1,2,3")
+    add("--steps", default=None,
+        help="comma-separated depths, one server each, e.g. 1,2,3; default with --prior: the "
+        "pool it recommends (`specroute tune`'s rule) among --allowed-steps")
+    add("--servers", type=int, default=None, metavar="N",
+        help="with --prior and no --steps, the pool's size (default: what --gpus hold at --tp; "
+        "3 with --emulate)")
+    add("--expected-users", type=int, default=None, metavar="N",
+        help="with --prior and no --steps, the requests the pool should expect at once: its "
+        "pool is the one best at that load (default: the best over every load the tune "
+        "measured)")
     add_server_arguments(parser, base_port_help="first server's port; the next get +1, +2")
     add("--host", default=None,
         help="address the proxy listens on (default: the config's host, else 127.0.0.1)")
@@ -107,11 +125,53 @@ def _proxy_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def options_from_args(args: argparse.Namespace, config: Config | None = None) -> LaunchOptions:
+def _pool_size(args: argparse.Namespace, detected: tuple[int, ...]) -> int:
+    """How many servers a prior's pool has: --servers, else what the GPUs hold at --tp."""
+    if args.servers is not None:
+        if args.servers < 1:
+            raise PlanError(f"--servers must be at least 1, not {args.servers}")
+        return int(args.servers)
+    gpus = parse_gpus(args.gpus)
+    count = len(gpus if gpus is not None else detected) // max(1, args.tp)
+    return 3 if args.emulate or count < 1 else count
+
+
+def launch_depths_of(args: argparse.Namespace, detected: tuple[int, ...] = ()) -> LaunchDepths:
+    """The servers' depths and the planner's, from the flags and the prior (see defaults)."""
+    from specroute.profile_format import ProfileFormatError, decode_profile
+
+    for flag, value in (("--servers", args.servers), ("--expected-users", args.expected_users)):
+        if value is not None and args.steps is not None:
+            raise PlanError(
+                f"{flag} is for the pool --prior recommends; --steps names every server"
+            )
+    if args.expected_users is not None and args.expected_users < 1:
+        raise PlanError(f"--expected-users must be at least 1, not {args.expected_users}")
+    prior = None
+    if args.prior:
+        try:
+            prior = decode_profile(Path(args.prior).read_bytes(), source=args.prior)
+        except (OSError, ProfileFormatError) as exc:
+            raise ConfigError(f"invalid prior: {exc}") from exc
+    return launch_depths(
+        steps=parse_steps(args.steps) if args.steps is not None else None,
+        allowed=None if args.allowed_steps is None else allowed_steps(args.allowed_steps),
+        prior=prior,
+        prior_name=args.prior or "",
+        servers=_pool_size(args, detected),
+        users=args.expected_users,
+    )
+
+
+def options_from_args(
+    args: argparse.Namespace, config: Config | None = None, depths: LaunchDepths | None = None
+) -> LaunchOptions:
     """The launch options; raises PlanError naming the flag at fault."""
     config = config or proxy_config(args)
+    depths = depths or launch_depths_of(args)
     return server_options(
         args,
+        steps=depths.steps,
         proxy_host=config.host,
         port=config.port,
         policy=config.policy,
@@ -155,13 +215,15 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _plan(args: argparse.Namespace) -> LaunchPlan:
+def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, LaunchDepths]:
     config = proxy_config(args)
-    options = options_from_args(args, config)
+    detected = host_gpus(emulate=args.emulate, gpus=parse_gpus(args.gpus))
+    depths = launch_depths_of(args, detected)
+    options = options_from_args(args, config, depths)
     _check_policy_depth(config, options)
     for note in _exposure_notes(config, options):
         print(f"specroute launch: {note}", file=sys.stderr)
-    return build_plan(options, host_gpus(options))
+    return build_plan(options, detected), depths
 
 
 def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | None] | None:
@@ -175,16 +237,20 @@ def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | No
     return validate_with_sglang([s.argv for s in plan.servers])
 
 
-def _with_depth_loop(plan: LaunchPlan, args: argparse.Namespace) -> tuple[LaunchPlan, str]:
+def _with_depth_loop(
+    plan: LaunchPlan, args: argparse.Namespace, reconfigure: ReconfigureOptions
+) -> tuple[LaunchPlan, str]:
     """The plan and the admin key the depth loop calls the proxy with (`--reconfigure`)."""
-    if reconfigure_flags.reconfigure_options(args).mode == "off":
+    if reconfigure.mode == "off":
         return plan, ""
     return with_admin_key(plan, proxy_config(args).admin_key)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        plan, admin_key = _with_depth_loop(_plan(args), args)
+        plan, depths = _plan(args)
+        reconfigure = reconfigure_flags.reconfigure_options(args, depths.allowed)
+        plan, admin_key = _with_depth_loop(plan, args, reconfigure)
     except (PlanError, ConfigError, ValueError) as exc:
         print(f"specroute launch: {exc}", file=sys.stderr)
         return 2
@@ -195,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
     if rejected:
         return 2
     if args.dry_run:
+        sys.stdout.writelines(f"# {note}\n" for note in depths.notes())
         sys.stdout.write(format_plan(plan))
         if verdicts is not None:
             print("# every server's command line was accepted by SGLang's resolver")
@@ -204,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
     from specroute.launch.launcher import Launcher, LaunchSettings
 
     configure_logging()
+    log.info("launch_depths", steps=list(depths.steps), steps_from=depths.steps_from,
+             allowed_steps=list(depths.allowed), allowed_from=depths.allowed_from)  # fmt: skip
     settings = LaunchSettings(
         log_dir=args.log_dir, ready_timeout_s=args.ready_timeout, drain_s=args.drain
     )
@@ -211,8 +280,8 @@ def run(args: argparse.Namespace) -> int:
     if admin_key:
         attach(
             launcher,
-            options_from_args(args),
-            reconfigure_flags.reconfigure_options(args),
+            options_from_args(args, depths=depths),
+            reconfigure,
             admin_key,
         )
     return asyncio.run(launcher.run())

@@ -55,9 +55,11 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, base_port_help: str
 # fmt: on
 
 
-def server_options(args: argparse.Namespace, **proxy: Any) -> LaunchOptions:
-    """LaunchOptions from the shared flags and `--steps`; `proxy` adds the proxy's fields
-    (`launch` only). PlanError names the flag at fault."""
+def server_options(
+    args: argparse.Namespace, *, steps: tuple[int, ...] | None = None, **proxy: Any
+) -> LaunchOptions:
+    """LaunchOptions from the shared flags and `steps` (else `--steps`); `proxy` adds the
+    proxy's fields (`launch` only). PlanError names the flag at fault."""
     model = args.model or (EMULATED_MODEL if args.emulate else None)
     if model is None:
         raise PlanError("--model PATH is required (or --emulate)")
@@ -66,7 +68,7 @@ def server_options(args: argparse.Namespace, **proxy: Any) -> LaunchOptions:
     emulator_args, emulator_by_depth = parse_per_depth_args(args.emulator_arg)
     return LaunchOptions(
         model=model,
-        steps=parse_steps(args.steps),
+        steps=steps if steps is not None else parse_steps(args.steps),
         algorithm=args.algorithm,
         draft_model=args.draft_model,
         tp=args.tp,
@@ -84,10 +86,10 @@ def server_options(args: argparse.Namespace, **proxy: Any) -> LaunchOptions:
     )
 
 
-def host_gpus(options: LaunchOptions) -> tuple[int, ...]:
+def host_gpus(*, emulate: bool, gpus: tuple[int, ...] | None) -> tuple[int, ...]:
     """The GPUs `--gpus all` shares out: every one this host has (none needed for --emulate or
     an explicit list). PlanError when there are none to find."""
-    if options.emulate or options.gpus is not None:
+    if emulate or gpus is not None:
         return ()
     detected = detect_gpus()
     if not detected:

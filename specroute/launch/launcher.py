@@ -104,9 +104,11 @@ class Launcher:
         print(text, file=self.out, flush=True)
 
     def crashed(self, child: Supervised, status: int | None, last_lines: str) -> None:
+        # A server keeps its launch name across depth changes: say the depth it runs at.
+        at = "" if child.plan.steps is None else f" at depth {child.plan.steps}"
         self._say(
             f"specroute launch: {child.plan.name} exited with status {status}; "
-            f"restarting (log: {child.log_path}). Last lines:\n{last_lines}"
+            f"restarting{at} (log: {child.log_path}). Last lines:\n{last_lines}"
         )
 
     def request_stop(self) -> None:

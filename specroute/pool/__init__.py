@@ -16,6 +16,7 @@ from specroute.pool.client import (
 )
 from specroute.pool.deadlines import AttemptLimits, Deadlines, attempt_limits
 from specroute.pool.estimators import StallRule
+from specroute.pool.holds import BACKEND_STATES, BackendState, Hold, Holds, HoldState
 from specroute.pool.index import RoutingIndex
 from specroute.pool.load import LoadMark, Share, headroom, share_of
 from specroute.pool.peers import Peers
@@ -27,15 +28,20 @@ from specroute.pool.sharing import EstimatesWire, PeerTable, blend_classes, loca
 from specroute.pool.telemetry import Telemetry
 
 __all__ = [
+    "BACKEND_STATES",
     "AttemptLimits",
     "Backend",
     "BackendMetrics",
+    "BackendState",
     "BadReply",
     "BreakerState",
     "CircuitBreaker",
     "ConnectFailed",
     "Deadlines",
     "EstimatesWire",
+    "Hold",
+    "HoldState",
+    "Holds",
     "Lease",
     "LoadMark",
     "PeerTable",

@@ -18,7 +18,7 @@ from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
 from specroute.pool.client import TimedOut, UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import DnsDiscovery, static_entries
-from specroute.pool.holds import Holds
+from specroute.pool.holds import BackendState, Holds
 from specroute.pool.index import RoutingIndex
 from specroute.pool.peers import Peers
 from specroute.pool.prior import prior_telemetry
@@ -161,6 +161,10 @@ class Pool:
             return None
         return self.index.pool_view(candidates, self.index.classes(self.instance, now))
 
+    def state_of(self, backend: Backend) -> BackendState:
+        """serving, draining, restarting (a planned restart, whatever its health) or down."""
+        return self.holds.state_of(backend.name, backend.healthy)
+
     def local_estimates(self) -> EstimatesWire:
         """What this replica learned itself, for its peers (`GET /pool/estimates`)."""
         return local_estimates(self.telemetry, self.instance)
@@ -286,20 +290,31 @@ class Pool:
             backend.probe_error = probe_failure(exc, self._config.health.timeout_s)
             timed_out = isinstance(exc, TimedOut)
         flip = backend.on_probe(ok, timed_out)
-        if flip == "up":
-            log.info("backend_up", backend=backend.name, url=backend.url)
-        elif flip == "down":
-            reason = backend.probe_error
-            log.warning("backend_down", backend=backend.name, url=backend.url, reason=reason)
         if flip is not None:
+            self._log_flip(backend, flip)
             self.index.touch(backend)
             self.notify()
+
+    def _log_flip(self, backend: Backend, flip: str) -> None:
+        """Up at info; down at warning, except during a planned restart (the launcher's
+        actuator holds it `restarting`): that is expected, logged at info with the change."""
+        where = {"backend": backend.name, "url": backend.url, "steps": backend.steps}
+        hold = self.holds.get(backend.name)
+        if flip == "up":
+            log.info("backend_up", **where)
+        elif hold is not None and hold.state == "restarting":
+            log.info("backend_restarting", **where, to=hold.to, reason=hold.reason,
+                     probe=backend.probe_error)  # fmt: skip
+        else:
+            log.warning("backend_down", **where, reason=backend.probe_error)
 
     async def _discover(self, backend: Backend) -> None:
         try:
             status, body = await self._get(backend, "/server_info")
             if status == 200:
                 backend.apply_server_info(_json.decode(body))
+                # The new depth routes at once: readmission after a restart waits on it.
+                self.index.touch(backend)
             status, body = await self._get(backend, "/v1/models")
             if status == 200:
                 backend.apply_models(_json.decode(body))

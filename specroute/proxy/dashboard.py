@@ -46,7 +46,14 @@ class BackendSample(msgspec.Struct, kw_only=True):
     """One backend at one tick."""
 
     steps: int | None
+    """The depth it serves at now: a server keeps its launch name across depth changes."""
     healthy: bool
+    state: str
+    """serving, draining, restarting (a planned depth change, not an outage) or down."""
+    to: str = ""
+    """While draining or restarting: the setting it moves to (`k3`)."""
+    reason: str = ""
+    """While draining or restarting: why the plan moves it."""
     breaker: str
     in_flight: int
     limit: int | None
@@ -162,9 +169,13 @@ class Sampler:
         m = backend.metrics
         accept = self._acceptance.setdefault(backend.name, _Acceptance())
         measured = accept.update(m.generation_tokens, m.verify_calls)
+        hold = self.state.pool.holds.get(backend.name)
         return BackendSample(
             steps=backend.steps,
             healthy=backend.healthy,
+            state=self.state.pool.state_of(backend),
+            to=hold.to if hold else "",
+            reason=hold.reason if hold else "",
             breaker=backend.breaker.state.value,
             in_flight=backend.in_flight,
             limit=backend.limit,

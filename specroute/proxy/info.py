@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
-from specroute.pool import Backend, UpstreamFailure
+from specroute.pool import Backend, Hold, UpstreamFailure
 from specroute.proxy.state import ProxyState
 
 __all__ = [
@@ -57,12 +57,17 @@ def model_list(state: ProxyState) -> dict[str, Any]:
 
 def pool_info(state: ProxyState) -> dict[str, Any]:
     """Every backend as policies see it (its combined load and headroom too, while it is
-    reachable), the replicas, and the recent decisions."""
+    reachable) with its state (serving, draining, restarting, down) and the depth change it is
+    part of, the replicas, and the recent decisions. `steps` is the depth it serves at now,
+    whatever its name says (a server keeps its launch name across depth changes)."""
     pool = state.pool
+    now = time.monotonic()
     backends = []
     for backend in pool.backends:
         view = msgspec.structs.asdict(pool.index.view_of(backend.name) or backend.view())
         view["breaker"] = backend.breaker.state.value
+        view["state"] = pool.state_of(backend)
+        view["change"] = _change(pool.holds.get(backend.name), now)
         backends.append(view)
     return {
         "policy": state.policy.name,
@@ -70,6 +75,18 @@ def pool_info(state: ProxyState) -> dict[str, Any]:
         "backends": backends,
         "replicas": replicas_info(state),
         "recent_decisions": state.decisions.render(),
+    }
+
+
+def _change(hold: Hold | None, now: float) -> dict[str, Any] | None:
+    """The depth change a held backend is part of, as the launcher's actuator said."""
+    if hold is None:
+        return None
+    return {
+        "state": hold.state,
+        "to": hold.to,
+        "reason": hold.reason,
+        "since_s": round(now - hold.since, 1),
     }
 
 

@@ -16,6 +16,7 @@ import prometheus_client as prom
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from specroute.pool.holds import BACKEND_STATES
 from specroute.prometheus import exposition
 
 if TYPE_CHECKING:
@@ -196,9 +197,18 @@ class ProxyGauges:
         )
         yield _gauge(
             "specroute_backend_healthy",
-            "1 when the backend passes its /ready checks.",
+            "1 when the backend passes its /ready checks (0 during a planned restart too: "
+            "specroute_backend_state tells that from an outage).",
             ("backend",),
             (((b.name,), float(b.healthy)) for b in backends),
+        )
+        states = {b.name: self._pool.state_of(b) for b in backends}
+        yield _gauge(
+            "specroute_backend_state",
+            "1 for the state each backend is in (serving, draining, restarting, down), else 0: "
+            "a depth change drains then restarts a server on purpose, which is not down.",
+            ("backend", "state"),
+            (((name, s), float(s == now)) for name, now in states.items() for s in BACKEND_STATES),
         )
         yield from self._estimates()
         yield GaugeMetricFamily(

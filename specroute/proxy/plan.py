@@ -141,14 +141,23 @@ class PlanGauges:
 
 
 class HoldChange(msgspec.Struct, forbid_unknown_fields=True):
+    """`PUT /pool/backends/{name}/state`: the actuator's hold, with the change it is part of
+    (`to`: the setting it moves to, `reason`: the plan's), which logs, `/pool`, metrics and
+    the dashboard show while it lasts."""
+
     state: Literal["serving", "draining", "restarting"]
+    to: str = ""
+    reason: str = ""
 
 
 def _hold_answer(state: ProxyState, name: str) -> dict[str, Any]:
     backend = state.pool.by_name[name]
+    held = state.pool.holds.get(name)
     return {
         "backend": name,
-        "state": state.pool.holds.state(name) or "serving",
+        "state": held.state if held else "serving",
+        "to": held.to if held else "",
+        "reason": held.reason if held else "",
         "in_flight": backend.in_flight,
         "reachable": backend.reachable,
         "steps": backend.steps,
@@ -194,9 +203,11 @@ def plan_handlers(state: ProxyState, board: PlanBoard) -> list[Any]:
         if change.state == "serving":
             await _readmit(state, name)
         else:
-            state.pool.holds.hold(name, change.state)
+            state.pool.holds.hold(name, change.state, to=change.to, reason=change.reason)
         if before != change.state:
-            log.info("backend_hold", backend=name, state=change.state, previous=before)
+            log.info("backend_hold", backend=name, state=change.state, previous=before,
+                     steps=state.pool.by_name[name].steps, to=change.to,
+                     reason=change.reason)  # fmt: skip
         return Response(msgspec.json.encode(_hold_answer(state, name)),
                         media_type="application/json")  # fmt: skip
 

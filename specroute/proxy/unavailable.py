@@ -13,9 +13,10 @@ _SHOWN = 8  # a pool of hundreds (DNS discovery) names a few and counts the rest
 
 
 def _reason(pool: Pool, backend: Backend, model: str | None) -> str:
-    held = pool.holds.state(backend.name)
+    held = pool.holds.get(backend.name)
     if held is not None:
-        return f"{held} (the launcher is changing its depth)"
+        to = f" to {held.to}" if held.to else ""
+        return f"{held.state}{to} (the launcher is changing its depth)"
     if not backend.reachable:
         return f"down: {backend.probe_error or 'not ready yet'}"
     if backend.breaker.stalled:

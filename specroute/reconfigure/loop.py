@@ -79,9 +79,13 @@ class ProxyLink:
     async def publish(self, document: dict[str, Any]) -> None:
         (await self.client.put("/plan", content=msgspec.json.encode(document))).raise_for_status()
 
-    async def hold(self, name: str, state: str) -> dict[str, Any]:
-        """Set a backend's state (draining, restarting, serving); its in-flight count back."""
-        body = msgspec.json.encode({"state": state})
+    async def hold(
+        self, name: str, state: str, *, to: str = "", reason: str = ""
+    ) -> dict[str, Any]:
+        """Set a backend's state (draining, restarting, serving) with the change it is part
+        of (the setting it moves `to`, the plan's `reason`): the proxy then tells a planned
+        restart from an outage. Its in-flight count back."""
+        body = msgspec.json.encode({"state": state, "to": to, "reason": reason})
         response = await self.client.put(f"/pool/backends/{name}/state", content=body)
         response.raise_for_status()
         return _json.decode(response.content)
@@ -186,7 +190,7 @@ class Reconfigurer:
         await self._drain(name)
         setting: Setting | None = self.actuator.drained(name)
         await self._publish_quietly()
-        await self.link.hold(name, "restarting")
+        await self.link.hold(name, "restarting", **self._change(name))
         while setting is not None:
             error = await self._restart(name, setting)
             if error is None:
@@ -199,10 +203,15 @@ class Reconfigurer:
         clock = self.actuator.clock
         deadline = clock() + self.options.drain_s
         while True:
-            answer = await self.link.hold(name, "draining")
+            answer = await self.link.hold(name, "draining", **self._change(name))
             if int(answer.get("in_flight") or 0) == 0 or clock() >= deadline:
                 return
             await asyncio.sleep(min(0.2, max(0.0, deadline - clock())))
+
+    def _change(self, name: str) -> dict[str, str]:
+        """The change under way on `name`, for its hold: where it goes and why."""
+        return {"to": self.actuator.restarting_into(name).label,
+                "reason": self.actuator.slots[name].reason}  # fmt: skip
 
     def _log(self, record: Record) -> None:
         fields = msgspec.to_builtins(record)

@@ -36,12 +36,16 @@ def _steps_text(steps: tuple[int, ...]) -> str:
 
 # Flag tables read best one flag to a call.
 # fmt: off
-def add_planner_arguments(parser: argparse.ArgumentParser) -> None:
+def add_planner_arguments(
+    parser: argparse.ArgumentParser,
+    allowed_default: str | None = _steps_text(_DEFAULTS.allowed_steps),
+    allowed_help: str = "",
+) -> None:
     """What the planner may assign and how often: shared by `launch` and the advisor, with the
-    defaults of ReconfigureOptions."""
+    defaults of ReconfigureOptions (`launch` leaves --allowed-steps unset: its prior decides)."""
     add = parser.add_argument
-    add("--allowed-steps", default=_steps_text(_DEFAULTS.allowed_steps), metavar="K,K,...",
-        help="depths the planner may give a server (0: no speculation)")
+    add("--allowed-steps", default=allowed_default, metavar="K,K,...",
+        help="depths the planner may give a server (0: no speculation)" + allowed_help)
     add("--min-dwell", type=float, default=_DEFAULTS.min_dwell_s, metavar="SECONDS",
         help="least time between two depth changes of one server")
     add("--planner-option", action="append", default=[], metavar="KEY=VALUE",
@@ -53,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """`specroute launch`'s depth-loop flags."""
     add = parser.add_argument
     add("--reconfigure", choices=("off", "advise", "auto"), default=_DEFAULTS.mode, help=HELP)
-    add_planner_arguments(parser)
+    add_planner_arguments(parser, None, "; default: the depths --prior measured, else "
+                          + _steps_text(_DEFAULTS.allowed_steps))
     add("--allow-adaptive", action="store_true",
         help="the planner may also choose SGLang's --speculative-adaptive, tiers capped to "
         "--allowed-steps")
@@ -80,9 +85,17 @@ def allowed_steps(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(allowed)))
 
 
-def reconfigure_options(args: argparse.Namespace) -> ReconfigureOptions:
-    """The loop's options from `launch`'s flags; UsageError names the flag at fault."""
-    allowed = allowed_steps(args.allowed_steps)
+def reconfigure_options(
+    args: argparse.Namespace, allowed: tuple[int, ...] | None = None
+) -> ReconfigureOptions:
+    """The loop's options from `launch`'s flags, with the depths `allowed` as launch resolved
+    them (else --allowed-steps, else the default); UsageError names the flag at fault."""
+    if allowed is None:
+        allowed = (
+            _DEFAULTS.allowed_steps
+            if args.allowed_steps is None
+            else allowed_steps(args.allowed_steps)
+        )
     options = ReconfigureOptions(
         mode=args.reconfigure,
         allowed_steps=allowed,

@@ -137,7 +137,8 @@ def options_from_args(args: argparse.Namespace) -> TuneOptions:
 
 
 def _plans(options: TuneOptions) -> list[ServerPlan]:
-    return server_plans(options, host_gpus(options.launch))
+    launch = options.launch
+    return server_plans(options, host_gpus(emulate=launch.emulate, gpus=launch.gpus))
 
 
 def _sglang_rejections(plans: list[ServerPlan], args: argparse.Namespace) -> list[str] | None:

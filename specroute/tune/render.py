@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from specroute.bench.report import format_grid
 from specroute.emulator.seed import SEED_TOLERANCE
 from specroute.profile_format import Profile
-from specroute.tune.recommend import MIN_STEP_GAIN, Advice, StepGain
+from specroute.recommend import MIN_STEP_GAIN, Advice, StepGain
 from specroute.tune.report import SeedCheck, TuneReport
 
 __all__ = ["render"]

@@ -20,9 +20,9 @@ from specroute.emulator.seed import (
 )
 from specroute.launch.argv import EMULATED_MODEL
 from specroute.profile_format import Point, Profile, Target, Traffic
+from specroute.recommend import Advice, advise, primary
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 from specroute.tune.layout import ServerPlan, TuneLayout, TuneOptions
-from specroute.tune.recommend import Advice, advise
 from specroute.tune.run import DepthResult
 
 __all__ = [
@@ -228,11 +228,11 @@ def build_report(
         for kind in options.traffic
         if (a := advise(profile, kind.name, depths, others, options.servers)) is not None
     ]
-    primary = next((a for a in advice if a.traffic != "greedy"), advice[0] if advice else None)
+    chosen_by = primary(advice)
     by_label = {p.label: p for p in plans}
     command = None
-    if primary is not None and primary.mix is not None:
-        chosen = [by_label[label] for label in primary.mix.servers]
+    if chosen_by is not None and chosen_by.mix is not None:
+        chosen = [by_label[label] for label in chosen_by.mix.servers]
         command = launch_command(options, chosen, str(layout.prior.resolve()))
     model = options.launch.model
     if model == EMULATED_MODEL and profile.models:
@@ -248,7 +248,7 @@ def build_report(
         depths=_rows(done, profile),
         failures=dict(failures),
         advice=advice,
-        recommended_for=primary.traffic if primary else None,
+        recommended_for=chosen_by.traffic if chosen_by else None,
         command=command,
         seed=seed_check(profile, options),
         prior=str(layout.prior),

@@ -32,6 +32,7 @@ __all__ = [
     "diminishing",
     "geomean",
     "pool_loads",
+    "primary",
     "regimes",
     "step_gains",
 ]
@@ -208,14 +209,19 @@ def _pool(marginals: Sequence[Sequence[float]], loads: Sequence[int]) -> dict[in
 
 
 def best_mix(
-    table: Mapping[str, Curve], servers: int, candidates: Sequence[str], uniform: Sequence[str]
+    table: Mapping[str, Curve],
+    servers: int,
+    candidates: Sequence[str],
+    uniform: Sequence[str],
+    loads: Sequence[int] = (),
 ) -> MixAdvice | None:
     """The best pool of `servers` drawn from `candidates` (any mix) or `uniform` (all alike),
-    against the best pool of one fixed depth."""
+    against the best pool of one fixed depth, judged at the pool `loads` (users; default
+    `pool_loads` of the levels measured)."""
     labels = [lab for lab in dict.fromkeys([*candidates, *uniform]) if lab in table]
     if not labels:
         return None
-    loads = pool_loads(_levels(table), servers)
+    loads = sorted(set(loads)) or pool_loads(_levels(table), servers)
     lists = {lab: _marginals(table[lab], max(loads)) for lab in labels}
     mixes = [
         m
@@ -265,3 +271,9 @@ def advise(
         worth_up_to=worth,
         mix=best_mix(aggregate, servers, depths, others),
     )
+
+
+def primary(advice: Sequence[Advice]) -> Advice | None:
+    """The advice a pool is recommended by: the first traffic kind that is not greedy (SGLang
+    samples unless asked not to), else the first there is."""
+    return next((a for a in advice if a.traffic != "greedy"), advice[0] if advice else None)

@@ -1,0 +1,127 @@
+"""Where `launch`'s depths come from, so that what runs by default is what was evaluated: the
+depths the planner may use are the operator's `--allowed-steps`, else the depths the tune
+prior measured, else the built-in default; the pool started is the operator's `--steps`, else
+the pool the prior recommends (`specroute tune`'s own rule). Pure: the caller reads the file."""
+
+from __future__ import annotations
+
+import msgspec
+
+from specroute.launch.argv import PlanError
+from specroute.profile_format import Profile, Target
+from specroute.recommend import MIN_MIX_GAIN, Advice, advise, best_mix, curves, primary
+from specroute.reconfigure.loop import ReconfigureOptions
+
+__all__ = ["LaunchDepths", "launch_depths", "measured_depths"]
+
+
+class LaunchDepths(msgspec.Struct, frozen=True, kw_only=True):
+    """The servers' depths and the planner's, each with where it came from (`--dry-run`
+    prints these, the launch logs them)."""
+
+    steps: tuple[int, ...]
+    """One server per entry."""
+    steps_from: str
+    allowed: tuple[int, ...]
+    allowed_from: str
+
+    def notes(self) -> list[str]:
+        """`--steps 1,2,2: ...` and `--allowed-steps ...: ...`, one line each."""
+        return [
+            f"--steps {_text(self.steps)}: {self.steps_from}",
+            f"--allowed-steps {_text(self.allowed)}: {self.allowed_from}",
+        ]
+
+
+def _text(steps: tuple[int, ...]) -> str:
+    return ",".join(map(str, steps))
+
+
+def _depth(target: Target) -> int | None:
+    """A measured server's depth: one without a speculative algorithm runs at 0 (as the
+    pool reads /server_info), whatever its `steps` says."""
+    return 0 if target.algorithm is None and not target.steps else target.steps
+
+
+def _fixed(profile: Profile) -> dict[str, int]:
+    """The prior's fixed-depth servers with measurements, by label, shallow first."""
+    found = [(d, t.label) for t in profile.targets
+             if not t.adaptive and t.points and (d := _depth(t)) is not None]  # fmt: skip
+    return {label: depth for depth, label in sorted(found)}
+
+
+def measured_depths(profile: Profile) -> tuple[int, ...]:
+    """The depths the prior measured a fixed-depth server at."""
+    return tuple(sorted(set(_fixed(profile).values())))
+
+
+def _primary(profile: Profile, labels: list[str], servers: int) -> Advice | None:
+    """Tune's recommendation for the traffic kind a pool is chosen for (sampled)."""
+    kinds = [t.name for t in profile.traffic] or sorted(
+        {p.traffic for t in profile.targets if t.label in labels for p in t.points}
+    )
+    return primary([a for kind in kinds if (a := advise(profile, kind, labels, (), servers))])
+
+
+def _recommended(
+    profile: Profile, allowed: tuple[int, ...], servers: int, name: str, users: int | None
+) -> tuple[tuple[int, ...], str]:
+    """The prior's pool of `servers` among `allowed` (for `users` at once, else over every
+    load it measured), with why; PlanError when there is none."""
+    steps_of = {label: k for label, k in _fixed(profile).items() if k in allowed}
+    chosen = _primary(profile, list(steps_of), servers)
+    mix = chosen.mix if chosen is not None else None
+    if chosen is not None and users is not None:
+        table = curves(profile, chosen.traffic)
+        mix = best_mix(table, servers, list(steps_of), (), loads=(users,))
+    if chosen is None or mix is None:
+        raise PlanError(
+            f"--prior {name} measured no fixed depth among --allowed-steps {_text(allowed)}: "
+            "name the servers with --steps"
+        )
+    baseline = f"{servers} x k{steps_of[mix.baseline[0]]}"
+    against = (
+        f"no mix beats {baseline} by {MIN_MIX_GAIN:.0%}"
+        if mix.servers == mix.baseline
+        else f"{mix.gain:+.1%} over {baseline}"
+    )
+    loads = sorted(mix.by_load)
+    at = (
+        f"for {users} requests at once"
+        if users
+        else f"geometric mean over {loads[0]}-{loads[-1]} users"
+    )
+    why = (
+        f"the pool {name} recommends for {chosen.traffic} traffic with {servers} servers "
+        f"({against}; {at})"
+    )
+    return tuple(sorted(steps_of[label] for label in mix.servers)), why
+
+
+def launch_depths(
+    *,
+    steps: tuple[int, ...] | None,
+    allowed: tuple[int, ...] | None,
+    prior: Profile | None,
+    prior_name: str = "the prior",
+    servers: int = 3,
+    users: int | None = None,
+) -> LaunchDepths:
+    """The depths `launch` starts and lets the planner use: the operator's where named (None
+    where not), else the prior's (its pool of `servers` for `users` at once, else over the
+    loads it measured), else the defaults. PlanError when no pool can be chosen."""
+    measured = measured_depths(prior) if prior is not None else ()
+    if allowed is not None:
+        allowed_from = "given"
+    elif measured:
+        allowed, allowed_from = measured, f"the depths {prior_name} measured"
+    else:
+        allowed = ReconfigureOptions().allowed_steps
+        allowed_from = "the default" + (f" ({prior_name} measured no depth)" if prior else "")
+    if steps is not None:
+        return LaunchDepths(steps=steps, steps_from="given", allowed=allowed,
+                            allowed_from=allowed_from)  # fmt: skip
+    if prior is None:
+        raise PlanError("--steps K,K,... is required (or --prior FILE: the pool it recommends)")
+    chosen, why = _recommended(prior, allowed, servers, prior_name, users)
+    return LaunchDepths(steps=chosen, steps_from=why, allowed=allowed, allowed_from=allowed_from)

@@ -1,0 +1,141 @@
+"""Defaults are what is evaluated: with a tune prior, `launch` lets the planner use the depths
+the prior measured and starts the pool it recommends (tune's own rule), unless the operator
+names them; without one, the built-in defaults. `--dry-run` says where each came from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specroute.cli import main
+from specroute.launch.argv import PlanError
+from specroute.launch.defaults import launch_depths, measured_depths
+from specroute.profile_format import Point, Profile, Target, Traffic, encode_profile
+from specroute.recommend import advise
+
+# Aggregate tok/s per concurrency of one server, sampled traffic: k3 wins alone, k1 under
+# load, k2 is never best and k0 (no speculation) never either: the pool to run is a mix of
+# k1 and k3. Greedy traffic would pick otherwise (the primary kind is sampled, as in tune).
+SAMPLED = {
+    0: {1: 60.0, 4: 240.0, 16: 900.0, 64: 1500.0},
+    1: {1: 100.0, 4: 390.0, 16: 1400.0, 64: 2400.0},
+    2: {1: 140.0, 4: 500.0, 16: 1200.0, 64: 1600.0},
+    3: {1: 200.0, 4: 700.0, 16: 1100.0, 64: 1150.0},
+}
+GREEDY_BONUS = {0: 1.0, 1: 1.0, 2: 3.0, 3: 1.0}
+
+
+def _traffic(name: str, greedy: bool) -> Traffic:
+    return Traffic(name=name, temperature=0.0 if greedy else 1.0, greedy=greedy,
+                   ignore_eos=True, max_tokens=256, prompts="builtin")  # fmt: skip
+
+
+def _prior(depths: tuple[int, ...] = (0, 1, 2, 3)) -> Profile:
+    targets = [
+        # As tune writes them: the server without speculation has no algorithm and no steps.
+        Target(label=f"steps{k}", steps=k or None, algorithm="EAGLE" if k else None,
+               max_running_requests=48, points=[
+            *(Point(traffic="sampled", concurrency=c, aggregate_tok_s=v,
+                    per_request_tok_s=v / c, requests=c) for c, v in SAMPLED[k].items()),
+            *(Point(traffic="greedy", concurrency=c, aggregate_tok_s=v * GREEDY_BONUS[k],
+                    per_request_tok_s=v * GREEDY_BONUS[k] / c, requests=c)
+              for c, v in SAMPLED[k].items()),
+        ])
+        for k in depths
+    ]  # fmt: skip
+    adaptive = Target(label="adaptive", steps=3, adaptive=True, points=targets[-1].points)
+    return Profile(traffic=[_traffic("greedy", True), _traffic("sampled", False)],
+                   targets=[*targets, adaptive])  # fmt: skip
+
+
+def test_the_prior_sets_the_allowed_depths_and_the_pool() -> None:
+    depths = launch_depths(steps=None, allowed=None, prior=_prior(), prior_name="p.json")
+    assert depths.allowed == (0, 1, 2, 3)
+    assert depths.allowed_from == "the depths p.json measured"
+    assert depths.steps == (1, 1, 3)
+    assert depths.steps_from.startswith(
+        "the pool p.json recommends for sampled traffic with 3 servers (+6.3% over 3 x k3;"
+    )
+
+
+def test_the_pool_is_the_one_tune_recommends_for_the_same_depths_and_size() -> None:
+    prior = _prior()
+    labels = ["steps0", "steps1", "steps2", "steps3"]
+    for servers in (1, 2, 4):
+        advice = advise(prior, "sampled", labels, (), servers)
+        assert advice is not None
+        assert advice.mix is not None
+        tuned = tuple(sorted(int(label.removeprefix("steps")) for label in advice.mix.servers))
+        got = launch_depths(steps=None, allowed=None, prior=prior, servers=servers)
+        assert got.steps == tuned
+
+
+def test_the_expected_load_picks_the_pool_best_at_that_load() -> None:
+    prior = _prior()
+    quiet = launch_depths(steps=None, allowed=None, prior=prior, servers=2, users=2)
+    busy = launch_depths(steps=None, allowed=None, prior=prior, servers=2, users=64)
+    assert quiet.steps == (3, 3)  # deep speculation wins with few users
+    assert busy.steps == (1, 1)  # shallow wins under load
+    assert busy.steps_from.endswith("(no mix beats 2 x k1 by 1%; for 64 requests at once)")
+
+
+def test_the_measured_depths_are_the_fixed_ones_with_points() -> None:
+    prior = _prior((1, 3))
+    unmeasured = Target(label="steps5", steps=5)  # its sweep failed: nothing to go on
+    prior = Profile(traffic=prior.traffic, targets=[*prior.targets, unmeasured])
+    assert measured_depths(prior) == (1, 3)  # nor is the adaptive server a depth
+
+
+def test_the_operators_flags_win_over_the_prior() -> None:
+    prior = _prior()
+    given = launch_depths(steps=(1, 3), allowed=(1, 2, 3), prior=prior, prior_name="p.json")
+    assert (given.steps, given.steps_from) == ((1, 3), "given")
+    assert (given.allowed, given.allowed_from) == ((1, 2, 3), "given")
+    # Only --allowed-steps given: the prior's pool is chosen among those depths.
+    narrowed = launch_depths(steps=None, allowed=(0, 2), prior=prior, servers=2)
+    assert narrowed.steps == (2, 2)
+    assert narrowed.allowed_from == "given"
+
+
+def test_without_a_prior_the_defaults_hold_and_steps_are_needed() -> None:
+    plain = launch_depths(steps=(1, 2), allowed=None, prior=None)
+    assert (plain.allowed, plain.allowed_from) == ((0, 1, 2, 3), "the default")
+    with pytest.raises(PlanError, match="--steps"):
+        launch_depths(steps=None, allowed=None, prior=None)
+    with pytest.raises(PlanError, match="no fixed depth among --allowed-steps 6,7"):
+        launch_depths(steps=None, allowed=(6, 7), prior=_prior())
+
+
+def _dry_run(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    status = main(["launch", "--emulate", "--dry-run", *flags])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_dry_run_starts_the_priors_pool_and_says_where_each_came_from(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    prior = tmp_path / "prior.json"
+    prior.write_bytes(encode_profile(_prior((0, 1, 2, 3))))
+    status, out, err = _dry_run(capsys, "--prior", str(prior), "--servers", "2")
+    assert status == 0, err
+    assert f"# --allowed-steps 0,1,2,3: the depths {prior} measured\n" in out
+    assert f"# --steps 1,3: the pool {prior} recommends for sampled traffic with 2 servers" in out
+    started = [line.split(" --steps ")[1].split()[0]
+               for line in out.splitlines() if "specroute emulate" in line]  # fmt: skip
+    assert started == ["1", "3"]
+
+
+def test_dry_run_names_given_and_default_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = _dry_run(capsys, "--steps", "1,3")
+    assert status == 0
+    assert "# --steps 1,3: given\n" in out
+    assert "# --allowed-steps 0,1,2,3: the default\n" in out
+    status, _, err = _dry_run(capsys)
+    assert status == 2
+    assert "--steps K,K,... is required (or --prior FILE" in err
+    for flag in ("--servers", "--expected-users"):
+        status, _, err = _dry_run(capsys, "--steps", "1", flag, "2")
+        assert status == 2
+        assert f"{flag} is for the pool --prior recommends; --steps names every server" in err
