@@ -1,6 +1,6 @@
 """The proxy's added latency and throughput against a fast canned upstream, beside going direct.
 
-    python benchmarks/proxy_overhead.py [--requests 2000] [--transport h1|httpx]
+    python benchmarks/proxy_overhead.py [--requests 2000]
                                         [--dashboard-clients N]
 
 Starts a minimal SGLang-like upstream (raw ASGI on uvicorn: a canned chat completion and a
@@ -113,7 +113,7 @@ def _serve_upstream(port: int) -> None:
     uvicorn.run(upstream, port=port, log_level="warning", loop="uvloop", http="httptools")
 
 
-def _serve_proxy(port: int, backend: str, transport: str) -> None:
+def _serve_proxy(port: int, backend: str) -> None:
     """The proxy as `specroute serve` runs it (uvloop, the limited httptools protocol)."""
     from specroute.config import load_config
     from specroute.logs import configure_logging
@@ -127,7 +127,6 @@ def _serve_proxy(port: int, backend: str, transport: str) -> None:
             "backends": [{"url": backend}],
             "port": port,
             "host": "127.0.0.1",
-            "client": {"transport": transport},
             "log_level": "warning",
         },
     )
@@ -214,7 +213,6 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--transport", choices=["h1", "httpx"], default="h1")
     parser.add_argument(
         "--dashboard-clients", type=int, default=0, metavar="N",
         help="keep N dashboard viewers polling the proxy during the run",
@@ -224,17 +222,12 @@ def main() -> None:
     here = os.path.abspath(__file__)
     load = f"import runpy; m = runpy.run_path({here!r}); m"
     up_code = f"{load}['_serve_upstream']({up_port})"
-    proxy_code = (
-        f"{load}['_serve_proxy']({proxy_port}, 'http://127.0.0.1:{up_port}', {args.transport!r})"
-    )
+    proxy_code = f"{load}['_serve_proxy']({proxy_port}, 'http://127.0.0.1:{up_port}')"
     viewers_code = (
         f"import asyncio, runpy; m = runpy.run_path({here!r}); "
         f"asyncio.run(m['_view_dashboards']({proxy_port}, {args.dashboard_clients}))"
     )
-    print(
-        f"transport={args.transport} requests={args.requests} "
-        f"dashboard_clients={args.dashboard_clients}"
-    )
+    print(f"requests={args.requests} dashboard_clients={args.dashboard_clients}")
     print(f"{'kind':7} {'conc':>4} {'target':7} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}")
     with (
         _process(up_code, up_port),

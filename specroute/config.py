@@ -182,11 +182,9 @@ class LearnConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class ClientConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The upstream HTTP client: `h1` (HTTP/1.1 on asyncio protocols, measured fastest) or
-    `httpx` (httpx's own pool); `max_connections` bounds the proxied requests' pool."""
+    """The upstream HTTP client (specroute's own HTTP/1.1 on asyncio protocols: on the proxied
+    path it measured fastest, see `pool/h1.py`); `max_connections` bounds its pool."""
 
-    transport: Literal["h1", "httpx"] = "h1"
-    """`h1` (specroute's own HTTP/1.1) or `httpx` (httpx's connection pool)."""
     max_connections: Count = 1024
     """Upstream connections open at once, all backends together."""
 

@@ -197,23 +197,19 @@ async def _slow(_: bytes, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
-@pytest.mark.parametrize("transport", ["h1", "httpx"])
-def test_heartbeats_fill_quiet_stretches_and_the_openai_client_ignores_them(
-    transport: str,
-) -> None:
-    raw, text = asyncio.run(_heartbeats_and_openai(transport))
+def test_heartbeats_fill_quiet_stretches_and_the_openai_client_ignores_them() -> None:
+    raw, text = asyncio.run(_heartbeats_and_openai())
     assert raw.count(HEARTBEAT) >= 4  # about three before the first token, three in the gap
     assert raw.startswith(HEARTBEAT)  # before the first token the headers went out with one
     assert raw.endswith(b"data: [DONE]\n\n")
     assert text == "slow"
 
 
-async def _heartbeats_and_openai(transport: str) -> tuple[bytes, str]:
+async def _heartbeats_and_openai() -> tuple[bytes, str]:
     timeouts = {"heartbeat_s": 0.3, "idle_s": 10.0}
     async with (
         Upstream(_slow).running() as backend,
-        inprocess.proxy({"only": backend}, timeouts=timeouts, client={"transport": transport})
-        as (url, _),
+        inprocess.proxy({"only": backend}, timeouts=timeouts) as (url, _),
         httpx.AsyncClient(base_url=url, timeout=10) as client,
     ):  # fmt: skip
         body = {"model": inprocess.MODEL, "messages": [], "stream": True}

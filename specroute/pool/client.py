@@ -2,14 +2,15 @@
 
 Proxied requests go through `H1Pool` directly (bytes in, chunks out); probes, discovery and
 scrapes through `httpx.AsyncClient` over the same HTTP/1.1 code (`H1Transport`), on a pool of
-their own. `transport = "httpx"` in the config puts both on httpx's own connection pool
-instead. Every other module sees only `UpstreamResponse` and the `UpstreamFailure` tree.
+their own. One transport: httpx's own pool added 1.3 ms a request at one client against
+0.3-0.45 ms and served a tenth of the requests per second at 64 (`benchmarks/proxy_overhead.py`
+before it was removed). Every other module sees only `UpstreamResponse` and the
+`UpstreamFailure` tree.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -149,35 +150,6 @@ class UpstreamResponse:
             await closing
 
 
-class _HttpxReader:
-    """`next_chunk` over an httpx response, for the `httpx` transport. A wait that times out
-    leaves its read pending for the next call: cancelling it would end httpx's stream."""
-
-    __slots__ = ("_pending", "_response", "_stream")
-
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._stream = response.aiter_raw().__aiter__()
-        self._pending: asyncio.Future[bytes | None] | None = None
-
-    async def next_chunk(self, wait_s: float | None) -> bytes | None:
-        pending = self._pending
-        if pending is None:
-            pending = self._pending = asyncio.ensure_future(anext(self._stream, None))
-        done, _ = await asyncio.wait((pending,), timeout=wait_s)
-        if not done:
-            raise httpx.ReadTimeout(f"nothing within {wait_s:g} s")
-        self._pending = None
-        return pending.result()
-
-    async def aclose(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
-                await self._pending
-        await self._response.aclose()
-
-
 class UpstreamClient:
     """Owns the connection pools; build once in the app's lifespan and close at shutdown.
 
@@ -196,21 +168,8 @@ class UpstreamClient:
             pool=timeouts.first_byte_s,
         )
         self._timeout_dict: dict[str, float | None] = dict(timeout.as_dict())
-        self._pool: H1Pool | None = None
-        self._httpx: httpx.AsyncHTTPTransport | None = None
-        if client.transport == "h1":
-            self._pool = H1Pool(client.max_connections)
-            probes = H1Transport(H1Pool(64))
-            self._client = httpx.AsyncClient(timeout=timeout, transport=probes)
-        else:
-            limits = httpx.Limits(
-                max_connections=client.max_connections,
-                max_keepalive_connections=client.max_connections,
-                keepalive_expiry=4.0,
-            )
-            self._httpx = httpx.AsyncHTTPTransport(limits=limits, http1=True)
-            probe_limits = httpx.Limits(max_keepalive_connections=64, keepalive_expiry=4.0)
-            self._client = httpx.AsyncClient(timeout=timeout, limits=probe_limits)
+        self._pool = H1Pool(client.max_connections)
+        self._client = httpx.AsyncClient(timeout=timeout, transport=H1Transport(H1Pool(64)))
         self._urls: dict[str, httpx.URL] = {}
 
     async def send(
@@ -229,28 +188,14 @@ class UpstreamClient:
             target = self._urls[url] = httpx.URL(url)
         head_s = self._timeouts.first_byte_s if head_s is None else head_s
         try:
-            if self._pool is not None:
-                reply = await self._pool.request(
-                    method.encode("ascii"), target, headers, body, self._timeout_dict, head_s
-                )
-                return UpstreamResponse(reply.status, reply.headers, reply.next_chunk, reply.close)
-            assert self._httpx is not None
-            request = httpx.Request(
-                method, target, content=body, headers=headers,
-                extensions={"timeout": self._timeout_dict},
-            )  # fmt: skip
-            async with asyncio.timeout(head_s):
-                response = await self._httpx.handle_async_request(request)
-        except TimeoutError as exc:
-            raise Stalled("headers", head_s) from exc
+            reply = await self._pool.request(
+                method.encode("ascii"), target, headers, body, self._timeout_dict, head_s
+            )
         except httpx.ReadTimeout as exc:
             raise Stalled("headers", head_s) from exc
         except httpx.HTTPError as exc:
             raise _translate(exc) from exc
-        reader = _HttpxReader(response)
-        return UpstreamResponse(
-            response.status_code, response.headers.raw, reader.next_chunk, reader.aclose
-        )
+        return UpstreamResponse(reply.status, reply.headers, reply.next_chunk, reply.close)
 
     async def get(
         self, url: str, *, timeout_s: float, headers: list[tuple[bytes, bytes]] | None = None
@@ -268,7 +213,4 @@ class UpstreamClient:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-        if self._pool is not None:
-            await self._pool.aclose()
-        if self._httpx is not None:
-            await self._httpx.aclose()
+        await self._pool.aclose()
