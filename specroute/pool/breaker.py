@@ -1,5 +1,5 @@
-"""A per-backend circuit breaker: open after consecutive failures, or at once when a stream
-stalls; one trial after a pause."""
+"""A per-backend circuit breaker: open after consecutive failures, or at once when a request
+stalls or gets a bad reply; one trial after a pause."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ class CircuitBreaker:
             self._trial_out = False
 
     def on_stall(self, now: float) -> None:
-        """A stream went quiet past its limit: it held its client for that long, so one is
-        enough to open the circuit."""
+        """A request waited past its limit (it held its client for that long), or the backend
+        answered what the route does not promise: one is enough to open the circuit."""
         self.stalled = True
         self._failures = max(self._failures + 1, self.threshold)
         self.state = BreakerState.OPEN
