@@ -61,15 +61,23 @@ class RoutingIndex:
         self._classes_key: tuple[int, int] | None = None
         self._classes: dict[str, ClassEstimate] = {}
 
-    def __contains__(self, name: object) -> bool:
-        """Whether the pool still has this backend (reachable or not)."""
-        return name in self._backends
+    def follows(self, backend: Backend) -> bool:
+        """Whether the pool still has this very backend (reachable or not): one removed, or
+        replaced by a newcomer of the same name, is no longer followed."""
+        return self._backends.get(backend.name) is backend
 
     # Changes -----------------------------------------------------------------------------
+    def add(self, backend: Backend) -> None:
+        """The pool took `backend` in: follow it (the pool alone adds and removes members)."""
+        self._backends[backend.name] = backend
+        self.touch(backend)
+
     def touch(self, backend: Backend, now: float | None = None) -> None:
-        """Rebuild one backend's view after anything it shows changed (or drop it)."""
+        """Rebuild one backend's view after anything it shows changed (or drop it). A backend
+        the pool no longer has is ignored: its last leases and watches must not bring it back."""
         name = backend.name
-        self._backends[name] = backend
+        if self._backends.get(name) is not backend:
+            return
         position = self._positions.setdefault(name, len(self._positions))
         if not backend.reachable:
             self.groups.remove(name)
@@ -83,6 +91,8 @@ class RoutingIndex:
     def moved(self, backend: Backend) -> None:
         """A lease came or went: only the backend's own count (and what follows from it)
         changed, so its view is patched rather than rebuilt."""
+        if not self.follows(backend):
+            return
         now = time.monotonic()
         name, own = backend.name, backend.in_flight
         mark = self._mark(name)
@@ -97,6 +107,8 @@ class RoutingIndex:
 
     def scraped(self, backend: Backend, metrics: BackendMetrics, now: float) -> None:
         """A /metrics answer: the backend's running and queued count, every client's."""
+        if not self.follows(backend):
+            return
         if metrics.running is not None or metrics.queued is not None:
             total = round((metrics.running or 0) + (metrics.queued or 0))
             self._mark(backend.name).scraped(total, backend.in_flight, now, self._lag(backend))
@@ -111,6 +123,7 @@ class RoutingIndex:
         return max(self.lag_s, DECODE_LOG_INTERVAL * iteration_time(view, batch(view)))
 
     def remove(self, name: str) -> None:
+        """The pool let `name` go: no view, no marks, and no way back but `add`."""
         self.groups.remove(name)
         self._backends.pop(name, None)
         self._marks.pop(name, None)
