@@ -12,6 +12,7 @@ from specroute.pool.client import (
     UpstreamFailure,
     UpstreamResponse,
 )
+from specroute.pool.eligibility import Refusal, refusal
 from specroute.pool.estimators import StallRule
 from specroute.pool.index import RoutingIndex
 from specroute.pool.load import LoadMark, Share, headroom, share_of
@@ -35,6 +36,7 @@ __all__ = [
     "PeerTable",
     "Peers",
     "Pool",
+    "Refusal",
     "RoutingIndex",
     "Scraper",
     "Share",
@@ -52,6 +54,7 @@ __all__ = [
     "local_estimates",
     "parse_metrics",
     "priors_from_profile",
+    "refusal",
     "scrape_interval",
     "share_of",
 ]

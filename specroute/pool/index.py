@@ -22,6 +22,7 @@ from specroute.policies import (
 from specroute.policies.groups import batch
 from specroute.policies.predict import iteration_time
 from specroute.pool.backend import Backend
+from specroute.pool.eligibility import Refusal, refusal
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.pool.promtext import BackendMetrics
 from specroute.pool.sharing import (
@@ -190,24 +191,36 @@ class RoutingIndex:
         return self._classes
 
     def candidates(self, model: str | None, exclude: Collection[str], now: float) -> Candidates:
-        """The groups, with the test a request's backend must pass: reachable, circuit
-        allowing, under its limit (with several replicas: its share of the room), serving
-        `model`, not tried yet."""
+        """The groups, with the test a request's backend must pass (`refusal`: reachable,
+        circuit allowing, serving `model`, under its limit, with several replicas its share of
+        the room, not excluded)."""
         backends = self._backends
         shared = self.share.replicas > 1
 
         def usable(view: BackendView) -> bool:
-            backend = backends.get(view.name)
-            if backend is None or view.name in exclude or not backend.available(now):
-                return False
-            if shared and view.headroom is not None and view.headroom <= 0:
-                return False
-            if model is None or backend.model == model:
-                return True
-            models = backend.models
-            return not models or model in models
+            found = backends.get(view.name)
+            why = refusal(
+                found, view.headroom, model=model, exclude=exclude, shared=shared, now=now
+            )
+            return why is None
 
         return Candidates(self.groups, usable)
+
+    def refusal(
+        self, backend: Backend, model: str | None, exclude: Collection[str], now: float
+    ) -> Refusal | None:
+        """Why `backend` may not take a request for `model` now (None: it may), by the same
+        rule `candidates` routes with."""
+        found = self._backends.get(backend.name)
+        view = self.groups.get(backend.name)
+        return refusal(
+            found if found is backend else None,
+            None if view is None else view.headroom,
+            model=model,
+            exclude=exclude,
+            shared=self.share.replicas > 1,
+            now=now,
+        )
 
     def pool_view(self, candidates: Candidates, classes: dict[str, ClassEstimate]) -> PoolView:
         groups = self.groups
