@@ -14,6 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from specroute.config import LimitsConfig
 from specroute.errors import (
     AuthenticationError,
+    BadRequestError,
     HeadersTooLargeError,
     RequestTimeoutError,
     ServiceUnavailableError,
@@ -29,6 +30,7 @@ __all__ = ["limited_protocol"]
 log = structlog.get_logger()
 
 _REASONS = {
+    400: b"Bad Request",
     408: b"Request Timeout",
     431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
@@ -200,8 +202,10 @@ class LimitedProtocol(HttpToolsProtocol):
             self._keep_alive, self.cycle.keep_alive = self.cycle.keep_alive, False
 
     def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read (a `CONNECT`, bad framing): a 400 in OpenAI's shape,
+        the connection closed, and nothing more read from it."""
         if not self._rejected:  # a rejected request was answered already
-            super().send_400_response(msg)
+            self._reject(BadRequestError(msg))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
