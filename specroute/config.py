@@ -209,6 +209,15 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Request-body bytes held at once, all requests together (at least `max_body_bytes`)."""
     body_wait_s: NonNegative = 1.0
     """How long a request waits for room under that cap before a 503 with `Retry-After`."""
+    max_pipelined: Count = 16
+    """Requests one connection may send ahead of the answers (HTTP/1.1 pipelining); past it
+    the connection is closed."""
+    keyless_in_progress: Count = 64
+    """With API keys: requests without a valid key in progress at once (public routes and
+    refusals alike; /health and /ready not counted); past it, 503 at once."""
+    metrics_render_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.5
+    """The proxy's `/metrics` is rendered at most once per this many seconds: a request sooner
+    waits for the next rendering (so it counts all that came before it); 0: on every request."""
 
     def __post_init__(self) -> None:
         if self.reserve >= self.max_connections:

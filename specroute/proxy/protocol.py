@@ -24,6 +24,7 @@ from specroute.errors import (
 from specroute.proxy.auth import Auth
 from specroute.proxy.connections import ConnectionTable
 from specroute.proxy.intake import DISCONNECT, DisconnectSignal, Scope, disconnect_signal
+from specroute.proxy.keyless import KEYED
 
 __all__ = ["limited_protocol"]
 
@@ -226,7 +227,19 @@ class LimitedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._reading = _BODY
-        if not self.table.request(self, keyed=self._keyed()):
+        if len(self.pipeline) >= self.limits.max_pipelined:
+            # Each queued request is one more answer owed in order; a client that sends this
+            # many ahead is not waiting for them. Nothing is written: it would answer the
+            # first request, which is still in progress.
+            log.warning("connection_refused", reason="max_pipelined", open=len(self.table))
+            self._rejected = True
+            self.pipeline.clear()
+            self.transport.close()
+            raise _HeadersRejected
+        keyed = self._keyed()
+        if self.auth is not None and self.auth.required:  # said only where keys are checked
+            self.scope["extensions"][KEYED] = keyed  # type: ignore[assignment]  # ours
+        if not self.table.request(self, keyed=keyed):
             log.warning("connection_refused", reason="reserved_for_keys", open=len(self.table))
             self._reject(
                 ServiceUnavailableError("too many connections without an API key; retry later")
