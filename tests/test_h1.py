@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
+from inprocess import until
 
 from specroute.config import ClientConfig, TimeoutConfig
 from specroute.pool import ConnectFailed, StreamBroken, TimedOut, UpstreamClient
@@ -186,8 +187,8 @@ async def test_a_kept_alive_connection_the_backend_dropped_is_replaced_invisibly
 
 @synchronous
 async def test_failures_are_httpx_exceptions_and_upstream_failures() -> None:
-    async def silent(_: asyncio.StreamReader, __: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(5)
+    async def silent(reader: asyncio.StreamReader, __: asyncio.StreamWriter) -> None:
+        await reader.read()  # says nothing until the client gives up and closes
 
     async def garbage(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"SPDY/9 what\r\n\r\n")
@@ -233,7 +234,7 @@ async def test_past_the_connection_limit_a_request_waits_for_one_to_free() -> No
         with pytest.raises(httpx.PoolTimeout):
             await pool.request(b"POST", server.url, [], b"{}", {**TIMEOUTS, "pool": 0.1})
         second = asyncio.create_task(read_all(pool, server.url))
-        await asyncio.sleep(0.1)
+        await until(lambda: len(pool._waiters) == 1, "the second request to wait for room")
         assert not second.done()
         while await first.next_chunk(2.0) is not None:
             pass
@@ -258,7 +259,8 @@ async def test_a_consumer_that_stops_reading_stops_the_socket_being_read() -> No
     async with Scripted(flood).running() as server:
         pool = H1Pool(8)
         answer = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
-        await asyncio.sleep(0.5)  # read nothing: the backend's bytes must wait on its side
+        # Read nothing: the connection stops reading, and the backend's bytes wait on its side.
+        await until(lambda: answer._conn is not None and answer._conn._paused, "a paused read")
         assert writers[0].transport.get_write_buffer_size() > 8 * len(big)
         received = 0
         while (chunk := await answer.next_chunk(2.0)) is not None:
