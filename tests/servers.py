@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from specroute.children import bound_socket, free_port, spawn, stop, wait_ready_sync
 
-__all__ = ["Server", "free_port", "run_server", "start_emulator"]
+__all__ = ["Server", "bound_socket", "free_port", "run_server", "start_emulator"]
 
 
 @dataclass
@@ -34,19 +35,20 @@ def run_server(
     args: list[str],
     *,
     port: int | None = None,
+    sock: socket.socket | None = None,
     ready_path: str | None = "/ready",
     timeout: float = 30.0,
 ) -> Iterator[Server]:
     """Run `python -m specroute ARGS --port P` until the block ends; `ready_path=None` waits
     only for the port to accept connections (for servers that start not ready on purpose).
-    Without `port`, this process binds a free one and the server inherits the socket (`--fd`):
-    no other process can take the port in between."""
+    The server inherits `sock` (`--fd`), or without `port` one bound here to a free port: no
+    other process can take the port in between."""
     quiet = os.environ.get("SPECROUTE_TEST_QUIET", "1") == "1"
     with contextlib.ExitStack() as bound:
         argv = [sys.executable, "-m", "specroute", *args, "--host", "127.0.0.1"]
         fds: list[int] = []
         if port is None:
-            sock = bound.enter_context(bound_socket())
+            sock = sock or bound.enter_context(bound_socket())
             port = int(sock.getsockname()[1])
             fds.append(sock.fileno())
             argv += ["--fd", str(sock.fileno())]
