@@ -10,29 +10,54 @@ import httpx
 import inprocess
 from inprocess import Upstream, stream_of, until
 
+from specroute.proxy.paced import PacedRender
+
 KEY = {"authorization": "Bearer sk-client"}
 
 
-def test_metrics_asked_by_many_at_once_is_rendered_once_for_all_and_counts_what_came_before() -> (
-    None
-):
-    renders, bodies = asyncio.run(_many_metrics())
-    assert renders == 2  # the first call, then one rendering for the 40 that came sooner
-    assert len(set(bodies)) == 1
+def test_metrics_asked_by_many_at_once_is_rendered_once_for_all_of_them() -> None:
+    # Read by the first call and its rendering, by the next call, by the next rendering.
+    clock = iter([0.0, 0.0, 0.99, 1.0])
+
+    async def many() -> tuple[list[bytes], int]:
+        renders = iter([b"first", b"second"])
+        paced = PacedRender(lambda: next(renders), 1.0, clock=lambda: next(clock))
+        assert await paced.get() == b"first"  # nothing rendered yet: at once
+        # Asked again 0.99 s later: all wait for one rendering, due 0.01 s on.
+        waiting = asyncio.gather(*(paced.get() for _ in range(40)))
+        return list(await asyncio.wait_for(waiting, 10)), paced.renders
+
+    bodies, renders = asyncio.run(many())
+    assert bodies == [b"second"] * 40
+    assert renders == 2
 
 
-async def _many_metrics() -> tuple[int, list[str]]:
-    async with (
-        Upstream(stream_of([])).running() as backend,
-        inprocess.proxy({"only": backend}, limits={"metrics_render_s": 0.2}) as (url, app),
-        httpx.AsyncClient(base_url=url, timeout=10) as client,
-    ):
-        paced = app.state.metrics_text
-        before = paced.renders
-        await client.get("/metrics")
-        replies = await asyncio.gather(*(client.get("/metrics") for _ in range(40)))
-        assert {r.status_code for r in replies} == {200}
-        return paced.renders - before, [r.text for r in replies]
+def test_a_caller_that_gives_up_does_not_cancel_the_rendering_others_wait_for() -> None:
+    async def one_gives_up() -> bytes:
+        times = iter([0.0, 0.0, 0.95, 1.0])
+        paced = PacedRender(lambda: b"text", 1.0, clock=lambda: next(times))
+        await paced.get()
+        quitter = asyncio.create_task(paced.get())
+        stayer = asyncio.create_task(paced.get())
+        await asyncio.sleep(0)  # both waiting
+        quitter.cancel()
+        return await asyncio.wait_for(stayer, 10)
+
+    assert asyncio.run(one_gives_up()) == b"text"
+
+
+def test_the_proxys_metrics_route_is_served_through_its_paced_rendering() -> None:
+    async def scrape() -> tuple[int, int]:
+        async with (
+            Upstream(stream_of([])).running() as backend,
+            inprocess.proxy({"only": backend}) as (url, app),
+            httpx.AsyncClient(base_url=url, timeout=10) as client,
+        ):
+            before = app.state.metrics_text.renders
+            reply = await client.get("/metrics")
+            return reply.status_code, app.state.metrics_text.renders - before
+
+    assert asyncio.run(scrape()) == (200, 1)
 
 
 def test_a_connection_that_pipelines_past_the_bound_is_closed_and_one_at_it_is_answered() -> None:
