@@ -98,7 +98,7 @@ async def _keyless_flood() -> tuple[
 ]:
     overrides = {
         "api_keys": ["sk-client"],
-        "limits": {"metrics_render_s": 2.0, "keyless_in_progress": 2},
+        "limits": {"metrics_render_s": 3.0, "keyless_in_progress": 2},
     }
     async with (
         Upstream(stream_of([])).running() as backend,
