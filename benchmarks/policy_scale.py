@@ -58,7 +58,7 @@ def build_pool(size: int, seed: int = 0) -> tuple[Pool, list[Lease]]:
         backend.apply_server_info(info)
         for _ in range(config.health.success_threshold):
             backend.on_probe(True)
-        pool.index.touch(backend)
+        pool.index.add(backend)
         leases += [pool.lease(backend) for _ in range(rng.randint(0, CAPACITY[steps] * 6 // 10))]
     return pool, leases
 

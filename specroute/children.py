@@ -1,6 +1,7 @@
 """Child processes for the launcher, the demo, the emulator fleet, benchmarks and tests: a free
-port, spawning, waiting until the child answers (or failing fast when it dies first), and a
-graceful stop that ends in SIGKILL. A leaf: the standard library and httpx only."""
+port or a socket bound for a child to listen on, spawning, waiting until the child answers (or
+failing fast when it dies first), and a graceful stop that ends in SIGKILL. A leaf: the
+standard library and httpx only."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ __all__ = [
     "ChildFailed",
     "NotReady",
     "Output",
+    "bound_socket",
     "free_port",
+    "inherited_socket",
     "spawn",
     "stop",
     "stop_async",
@@ -60,6 +63,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def bound_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound to a free port on `host`, not listening yet, for a child to inherit
+    (`spawn(..., pass_fds=[sock.fileno()])` and `--fd`): the port is held from now on, so no
+    other process can take it before the child is up, and connections are refused, as to a
+    closed port, until the child listens. Close the parent's copy once the child is spawned."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.set_inheritable(True)
+    return sock
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """The socket a parent bound and handed over as descriptor `fd` (see `bound_socket`)."""
+    return socket.socket(fileno=fd)
+
+
 def tail(path: Path, lines: int = 20) -> str:
     """The last `lines` lines of a log file (empty if it does not exist)."""
     try:
@@ -79,10 +100,12 @@ def spawn(
     stdout: Output = None,
     stderr: Output = None,
     new_session: bool = False,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start `argv` with `env` on top of this environment and no stdin; `new_session` gives it
     its own session and process group, so a terminal's Ctrl-C reaches only this process and
-    `stop(..., kill_group=True)` takes the child's own children too."""
+    `stop(..., kill_group=True)` takes the child's own children too; `pass_fds` are inherited
+    under the same numbers."""
     return subprocess.Popen(
         list(argv),
         env={**os.environ, **(env or {})},
@@ -90,6 +113,7 @@ def spawn(
         stdout=stdout,
         stderr=stderr,
         start_new_session=new_session,
+        pass_fds=tuple(pass_fds),
     )
 
 

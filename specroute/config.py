@@ -15,6 +15,7 @@ import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -42,11 +43,31 @@ ENV_PREFIX = "SPECROUTE_"
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
+MIN_INTERVAL_S = 0.05
+Interval = Annotated[float, msgspec.Meta(ge=MIN_INTERVAL_S)]
+"""A period something repeats at (a probe, a scrape, a heartbeat, a lookup): at least 50 ms,
+so that a typo (`1e-9`) cannot make a background loop spin a core."""
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 NON_CONFIG_VARIABLES = frozenset({"SPECROUTE_TEST_QUIET", "SPECROUTE_DASHBOARD_SCREENSHOT"})
 """`SPECROUTE_*` names that tests and tools read for their own purposes: not settings, and not
 refused as misspelt ones (tests/servers.py, tests/test_dashboard_browser.py and the Makefile)."""
+
+
+def check_url(url: str, what: str) -> None:
+    """ValueError unless `url` is an http(s) URL with a host and, if given, a valid port: what
+    the pool's client will connect to, checked now rather than at the first request."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{what} url {url!r} must start with http:// or https://")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # parsed on access: "h:abc" and "h:99999" raise here
+    except ValueError as exc:
+        raise ValueError(f"{what} url {url!r} is not a valid URL: {exc}") from None
+    if not parts.hostname:
+        raise ValueError(f"{what} url {url!r} names no host")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{what} url {url!r} must not have a query or fragment")
 
 
 class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -68,12 +89,13 @@ class BackendConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     """Sent to the server as `Authorization: Bearer` (SGLang's `--api-key`)."""
     max_in_flight: Annotated[int, msgspec.Meta(ge=1, examples=[34])] | None = None
     """Requests the proxy sends it at once; unset: `overcommit` x its max_running_requests."""
-    resolve_every_s: Annotated[float, msgspec.Meta(gt=0, examples=[15.0])] | None = None
+    resolve_every_s: Annotated[float, msgspec.Meta(ge=MIN_INTERVAL_S, examples=[15.0])] | None = (
+        None
+    )
     """Resolve the url's host again this often; every address it gives is a backend."""
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"backend url {self.url!r} must start with http:// or https://")
+        check_url(self.url, "backend")
 
     @property
     def label(self) -> str:
@@ -84,7 +106,7 @@ class BackendConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
 class HealthConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Polling of /ready (never /health: it runs a generation), /server_info and /metrics."""
 
-    interval_s: Positive = 2.0
+    interval_s: Interval = 2.0
     """Seconds between two /ready checks of a backend."""
     timeout_s: Positive = 2.0
     """A check that takes longer fails."""
@@ -92,9 +114,9 @@ class HealthConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Failed checks in a row that take a healthy backend out of routing."""
     success_threshold: Count = 2
     """Passed checks in a row that bring it back."""
-    discovery_interval_s: Positive = 60.0
+    discovery_interval_s: Interval = 60.0
     """Seconds between /server_info reads (depth, capacity, model) of a healthy backend."""
-    metrics_interval_s: Positive = 5.0
+    metrics_interval_s: Interval = 5.0
     """Seconds between /metrics scrapes (running and queued requests, acceptance)."""
 
 
@@ -121,7 +143,7 @@ class TimeoutConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     """The longest silence inside a stream, however slow its backend has been."""
     reply_s: Positive = 3600.0
     """The longest a non-streamed reply may take, however large its `max_tokens`."""
-    heartbeat_s: Positive = 5.0
+    heartbeat_s: Interval = 5.0
     """A stream quiet this long gets an SSE comment (`: keep-alive`), and then again."""
     margin: Annotated[float, msgspec.Meta(ge=1)] = 4.0
     """A priori limits: this many times the predicted prefill, queue wait and decode."""
@@ -207,7 +229,7 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """Time to send the headers, from the connection's opening or the request's first byte."""
     body_timeout_s: Positive = 60.0
     """Time to send the body, from the end of the headers, on every route; past it, 408."""
-    client_stall_s: Positive = 60.0
+    client_stall_s: Interval = 60.0
     """How long a client may leave a stream unread before it is ended and its backend freed."""
     max_connections: Count = 4096
     """Client connections open at once."""
@@ -225,6 +247,15 @@ class LimitsConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """One SSE event from a backend, in bytes; past it the stream ends with an error."""
     max_reply_bytes: Count = 128 * 1024 * 1024
     """A non-streamed reply from a backend, held whole to be measured; past it, 502."""
+    max_pipelined: Count = 16
+    """Requests one connection may send ahead of the answers (HTTP/1.1 pipelining); past it
+    the connection is closed."""
+    keyless_in_progress: Count = 64
+    """With API keys: requests without a valid key in progress at once (public routes and
+    refusals alike; /health and /ready not counted); past it, 503 at once."""
+    metrics_render_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.5
+    """The proxy's `/metrics` is rendered at most once per this many seconds: a request sooner
+    waits for the next rendering (so it counts all that came before it); 0: on every request."""
 
     def __post_init__(self) -> None:
         if self.reserve >= self.max_connections:
@@ -246,15 +277,15 @@ class ReplicasConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=
         tuple[str, ...], msgspec.Meta(examples=[("http://specroute-peers:8000",)])
     ] = ()
     """Urls whose host names every replica (a headless Service, this replica included)."""
-    resolve_every_s: Positive = 10.0
+    resolve_every_s: Interval = 10.0
     """How often the peers' names are resolved again."""
-    read_every_s: Positive = 5.0
+    read_every_s: Interval = 5.0
     """How often each peer's `GET /pool/estimates` is read."""
     peer_stale_s: Positive = 30.0
     """A peer that has not answered for this long leaves the blend."""
     api_key: Annotated[str, msgspec.Meta(examples=["sk-peer-key"])] | None = None
     """The key sent to peers (one of their `api_keys`); unset: this replica's first key."""
-    scrape_min_interval_s: Positive = 0.25
+    scrape_min_interval_s: Interval = 0.25
     """The shortest wait between two scrapes of a backend with little room left."""
     scrape_budget_per_s: Positive = 50.0
     """Scrapes per second, all backends together; idle backends wait `metrics_interval_s`."""
@@ -269,8 +300,7 @@ class ReplicasConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=
 
     def __post_init__(self) -> None:
         for url in self.peers:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"peer url {url!r} must start with http:// or https://")
+            check_url(url, "peer")
 
 
 class PriorConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -317,6 +347,10 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     prior: PriorConfig = msgspec.field(default_factory=PriorConfig)
 
     def __post_init__(self) -> None:
+        for field in ("api_keys", "class_keys"):
+            for i, key in enumerate(getattr(self, field)):
+                if not key.strip():
+                    raise ValueError(f"{field}[{i}] is blank: a key must have characters")
         labels = [b.label for b in self.backends]
         if len(set(labels)) != len(labels):
             raise ValueError("backend names must be unique")
@@ -327,6 +361,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
 
 
 _LIST_FIELDS = {"backends", "api_keys", "class_keys", "peers"}
+_KEY_FIELDS = {"api_keys", "class_keys"}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -337,6 +372,10 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"config file {str(path)!r} nests tables or arrays too deeply") from exc
 
 
 def _struct_fields(struct: type[msgspec.Struct]) -> dict[str, Any]:
@@ -378,11 +417,18 @@ def parse_backend(given: str) -> dict[str, str]:
     return {"url": given}
 
 
-def _env_value(field: str, value: str) -> object:
+def _env_value(name: str, field: str, value: str) -> object:
     if field == "backends":
         return [parse_backend(item) for item in value.split(",") if item.strip()]
     if field in _LIST_FIELDS:
-        return [item.strip() for item in value.split(",") if item.strip()]
+        items = [item.strip() for item in value.split(",") if item.strip()]
+        if not items and field in _KEY_FIELDS:
+            # A key list set to blanks is a mistake, not a wish for an open proxy: fail closed.
+            raise ConfigError(
+                f"invalid configuration: {name} is set but lists no key; "
+                "unset it to run without API keys"
+            )
+        return items
     return value
 
 
@@ -398,7 +444,7 @@ def _apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> None:
         target = data
         for part in path[:-1]:
             target = target.setdefault(part, {})
-        target[path[-1]] = _env_value(path[-1], value)
+        target[path[-1]] = _env_value(name, path[-1], value)
 
 
 def _normalise_backends(data: dict[str, Any]) -> None:
@@ -424,3 +470,5 @@ def load_config(
         return msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
+    except RecursionError as exc:  # a value nested past any setting's depth
+        raise ConfigError("invalid configuration: a value is nested too deeply") from exc

@@ -18,7 +18,7 @@ from specroute.config import load_config
 from specroute.proxy import ProxyApp, create_app
 from specroute.proxy.protocol import limited_protocol
 
-__all__ = ["ADMIN", "MODEL", "Handler", "Upstream", "event", "proxy", "stream_of"]
+__all__ = ["ADMIN", "MODEL", "Handler", "Upstream", "event", "proxy", "stream_of", "until"]
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]
@@ -28,6 +28,15 @@ Handler = Callable[[bytes, Send], Awaitable[None]]
 
 MODEL = "scripted/model"
 ADMIN = {"authorization": "Bearer admin-key"}
+
+
+async def until(check: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    """Poll `check` on this loop until it holds; AssertionError naming `what` past `within_s`."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.005)
 
 
 def event(data: object, eol: bytes = b"\n") -> bytes:
@@ -114,7 +123,8 @@ async def proxy(
         },
     )
     app = create_app(config)
-    async with _serving(app, lifespan="on", http=limited_protocol(config.limits)) as url:
+    http = limited_protocol(config.limits, app.state.auth)
+    async with _serving(app, lifespan="on", http=http) as url:
         async with httpx.AsyncClient(base_url=url) as client:
             for _ in range(500):  # readiness polled: the pool probes its backends first
                 if (await client.get("/ready")).status_code == 200:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specroute.children import free_port, spawn, stop, wait_ready_sync
+from specroute.children import bound_socket, free_port, spawn, stop, wait_ready_sync
 
-__all__ = ["Server", "free_port", "run_server", "start_emulator"]
+__all__ = ["Server", "bound_socket", "free_port", "run_server", "start_emulator"]
 
 
 @dataclass
@@ -34,19 +35,30 @@ def run_server(
     args: list[str],
     *,
     port: int | None = None,
+    sock: socket.socket | None = None,
     ready_path: str | None = "/ready",
     timeout: float = 30.0,
 ) -> Iterator[Server]:
     """Run `python -m specroute ARGS --port P` until the block ends; `ready_path=None` waits
-    only for the port to accept connections (for servers that start not ready on purpose)."""
-    port = port or free_port()
+    only for the port to accept connections (for servers that start not ready on purpose).
+    The server inherits `sock` (`--fd`), or without `port` one bound here to a free port: no
+    other process can take the port in between."""
     quiet = os.environ.get("SPECROUTE_TEST_QUIET", "1") == "1"
-    process = spawn(
-        [sys.executable, "-m", "specroute", *args, "--host", "127.0.0.1", "--port", str(port)],
-        env={"PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL if quiet else None,
-    )
+    with contextlib.ExitStack() as bound:
+        argv = [sys.executable, "-m", "specroute", *args, "--host", "127.0.0.1"]
+        fds: list[int] = []
+        if port is None:
+            sock = sock or bound.enter_context(bound_socket())
+            port = int(sock.getsockname()[1])
+            fds.append(sock.fileno())
+            argv += ["--fd", str(sock.fileno())]
+        process = spawn(
+            [*argv, "--port", str(port)],
+            env={"PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if quiet else None,
+            pass_fds=fds,
+        )  # the parent's copy of the socket closes here: the child holds it
     server = Server(url=f"http://127.0.0.1:{port}", port=port, process=process)
     try:
         wait_ready_sync(

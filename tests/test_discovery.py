@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import structlog
-from servers import free_port, run_server, start_emulator
+from servers import bound_socket, run_server, start_emulator
 
 from specroute.children import spawn, stop, wait_ready_sync
 from specroute.config import BackendConfig, Config, HealthConfig
@@ -49,28 +49,42 @@ def test_system_resolver_finds_localhost() -> None:
     assert "127.0.0.1" in asyncio.run(resolve_host("localhost", 80))
 
 
-def _port_free_on_all() -> int:
+def _one_port_on_all() -> list[socket.socket]:
+    """A socket per address in ADDRESSES, all bound to one port, for the emulators to inherit."""
     for _ in range(50):
-        port = free_port()
+        first = bound_socket(ADDRESSES[0])
+        socks = [first]
         try:
-            for address in ADDRESSES:
-                with socket.socket() as sock:
-                    sock.bind((address, port))
+            for address in ADDRESSES[1:]:
+                sock = socket.socket()
+                socks.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((address, first.getsockname()[1]))
+                sock.set_inheritable(True)
         except OSError:
+            for sock in socks:
+                sock.close()
             continue
-        return port
+        return socks
     raise RuntimeError("no port free on every loopback address")
 
 
 @pytest.fixture(scope="module")
 def same_port_emulators() -> Iterator[int]:
     """Three emulators on one port at three loopback addresses, as pods behind a Service."""
-    port = _port_free_on_all()
+    socks = _one_port_on_all()
+    port = socks[0].getsockname()[1]
     argv = [sys.executable, "-m", "specroute", "emulate", "--port", str(port)]
     procs = [
-        spawn([*argv, "--steps", str(k), "--host", address], stderr=subprocess.DEVNULL)
-        for k, address in enumerate(ADDRESSES, start=1)
+        spawn(
+            [*argv, "--steps", str(k), "--host", address, "--fd", str(sock.fileno())],
+            stderr=subprocess.DEVNULL,
+            pass_fds=[sock.fileno()],
+        )
+        for k, (address, sock) in enumerate(zip(ADDRESSES, socks, strict=True), start=1)
     ]
+    for sock in socks:
+        sock.close()  # the emulators hold them now
     try:
         for address, proc in zip(ADDRESSES, procs, strict=True):
             wait_ready_sync(f"http://{address}:{port}/ready", process=proc, poll_s=0.1)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
+from inprocess import until
 
 from specroute.config import ClientConfig, TimeoutConfig
 from specroute.pool import ConnectFailed, Stalled, StreamBroken, TimedOut, UpstreamClient
@@ -130,14 +131,24 @@ async def test_keep_alive_reuses_one_connection_and_sends_the_request_as_given()
 @synchronous
 async def test_a_stream_arrives_chunk_by_chunk_not_at_the_end() -> None:
     parts = [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
-    async with Scripted(chunked(parts, gap_s=0.2)).running() as server:
+    release = asyncio.Event()
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        writer.write(b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(parts[0]), parts[0]))
+        await writer.drain()
+        await release.wait()  # the rest only once the client has the first
+        for part in parts[1:]:
+            writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    async with Scripted(held).running() as server:
         pool = H1Pool(8)
         answer = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        first = await answer.next_chunk(2.0)
+        first = await answer.next_chunk(2.0)  # held back until the reply ends: a timeout here
         assert first == b"data: 1\n\n"
-        assert loop.time() - began < 0.15  # not held back until the reply ends
+        release.set()
         rest = [c async for c in _rest(answer)]
         assert b"".join(rest) == b"data: 2\n\ndata: [DONE]\n\n"
         answer.close()
@@ -186,8 +197,8 @@ async def test_a_kept_alive_connection_the_backend_dropped_is_replaced_invisibly
 
 @synchronous
 async def test_failures_are_httpx_exceptions_and_upstream_failures() -> None:
-    async def silent(_: asyncio.StreamReader, __: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(5)
+    async def silent(reader: asyncio.StreamReader, __: asyncio.StreamWriter) -> None:
+        await reader.read()  # says nothing until the client gives up and closes
 
     async def garbage(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"SPDY/9 what\r\n\r\n")
@@ -232,7 +243,7 @@ async def test_past_the_connection_limit_a_request_waits_for_one_to_free() -> No
         with pytest.raises(httpx.PoolTimeout):
             await pool.request(b"POST", server.url, [], b"{}", {**TIMEOUTS, "pool": 0.1})
         second = asyncio.create_task(read_all(pool, server.url))
-        await asyncio.sleep(0.1)
+        await until(lambda: len(pool._waiters) == 1, "the second request to wait for room")
         assert not second.done()
         while await first.next_chunk(2.0) is not None:
             pass
@@ -257,7 +268,8 @@ async def test_a_consumer_that_stops_reading_stops_the_socket_being_read() -> No
     async with Scripted(flood).running() as server:
         pool = H1Pool(8)
         answer = await pool.request(b"POST", server.url, [], b"{}", TIMEOUTS)
-        await asyncio.sleep(0.5)  # read nothing: the backend's bytes must wait on its side
+        # Read nothing: the connection stops reading, and the backend's bytes wait on its side.
+        await until(lambda: answer._conn is not None and answer._conn._paused, "a paused read")
         assert writers[0].transport.get_write_buffer_size() > 8 * len(big)
         received = 0
         while (chunk := await answer.next_chunk(2.0)) is not None:

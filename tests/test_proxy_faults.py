@@ -14,7 +14,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from servers import Server, free_port, run_server, start_emulator
+from servers import Server, bound_socket, run_server, start_emulator
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 FAST = ("--time-scale", "50", "--seed", "5")
@@ -107,14 +107,15 @@ def test_client_disconnect_cancels_upstream_under_any_asgi_server() -> None:
     from specroute.proxy import create_app
 
     with start_emulator(3, "--seed", "1") as backend:
-        port = free_port()
+        sock = bound_socket()  # uvicorn listens on it: no port picked for it to bind later
+        port = sock.getsockname()[1]
         config = load_config(
             environ={}, overrides={"backends": [{"url": backend.url}], "port": port}
         )
         server = uvicorn.Server(
             uvicorn.Config(create_app(config), port=port, http="h11", log_level="warning")
         )
-        thread = threading.Thread(target=server.run, daemon=True)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         try:
             url = f"http://127.0.0.1:{port}"
@@ -125,6 +126,7 @@ def test_client_disconnect_cancels_upstream_under_any_asgi_server() -> None:
         finally:
             server.should_exit = True
             thread.join(10)
+            sock.close()
 
 
 def _ready(url: str) -> bool:

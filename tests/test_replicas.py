@@ -13,7 +13,7 @@ from types import ModuleType
 
 import httpx
 import pytest
-from servers import free_port, run_server, start_emulator
+from servers import bound_socket, run_server, start_emulator
 
 from specroute.prometheus import sglang_values
 
@@ -95,15 +95,17 @@ async def _burst(proxies: list[str], backend: str) -> tuple[list[int], list[int]
 def test_two_proxies_over_one_backend_never_both_admit_past_its_capacity_in_a_burst(
     tmp_path: Path,
 ) -> None:
-    ports = [free_port(), free_port()]
-    peers = [f"http://127.0.0.1:{p}" for p in ports]
+    socks = [bound_socket(), bound_socket()]  # the proxies' ports, held until they listen
+    peers = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in socks]
     config = tmp_path / "proxy.toml"
     config.write_text(CONFIG.format(peers=str(peers).replace("'", '"')))
     emulate = ("--max-running-requests", str(CAPACITY), "--decode-log-interval", "1",
                "--time-scale", "0.5", "--model-name", "m")  # fmt: skip
     with start_emulator(3, *emulate) as backend:
         serve = ["serve", "--config", str(config), "--backend", backend.url]
-        with run_server(serve, port=ports[0]), run_server(serve, port=ports[1]):
+        with run_server(serve, sock=socks[0]), run_server(serve, sock=socks[1]):
+            for sock in socks:
+                sock.close()  # the proxies hold them now
             sums, held, statuses = asyncio.run(_burst(peers, backend.url))
     assert statuses == [200] * BURST  # the rest waited in the proxies, then ran
     assert max(sums) == CAPACITY  # every slot was used, by both together, none twice...

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import Server, free_port, start_emulator
+from servers import Server, bound_socket, start_emulator
 
 from specroute.children import spawn, wait_ready_sync
 from specroute.config import BackendConfig, Config
@@ -117,22 +117,15 @@ def _logged_proxy(tmp: Path, backend: Server) -> Iterator[tuple[Server, Path]]:
         "[health]\ninterval_s = 0.2\n"
     )
     log = tmp / "proxy.log"
-    port = free_port()
-    with log.open("wb") as sink:
+    with log.open("wb") as sink, bound_socket() as sock:  # the proxy listens on it
+        port, fd = sock.getsockname()[1], sock.fileno()
+        argv = ["serve", "--config", str(config), "--port", str(port), "--fd", str(fd)]
         process = spawn(
-            [
-                sys.executable,
-                "-m",
-                "specroute",
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-            ],
+            [sys.executable, "-m", "specroute", *argv],
             stdout=sink,
             stderr=sink,
             env={"PYTHONUNBUFFERED": "1"},
+            pass_fds=[fd],
         )
         server = Server(url=f"http://127.0.0.1:{port}", port=port, process=process)
         try:

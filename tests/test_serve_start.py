@@ -21,7 +21,7 @@ from inprocess import Send, Upstream
 from servers import Server
 from structlog.testing import capture_logs
 
-from specroute.children import free_port, spawn, stop, wait_ready_sync
+from specroute.children import bound_socket, spawn, stop, wait_ready_sync
 
 CHAT = {"model": inprocess.MODEL, "messages": [{"role": "user", "content": "x"}]}
 
@@ -42,13 +42,14 @@ def _first(events: list[dict[str, Any]], name: str, **fields: object) -> dict[st
 def test_serve_logs_where_it_listens_a_dead_backend_and_a_missing_depth(
     emulator: Server, tmp_path: Path
 ) -> None:
-    port, dead = free_port(), free_port()
+    listener, held = bound_socket(), bound_socket()  # `held` never listens: refused, always
+    port, dead, fd = listener.getsockname()[1], held.getsockname()[1], listener.fileno()
     log = tmp_path / "serve.log"
-    argv = [sys.executable, "-m", "specroute", "serve", "--port", str(port)]
+    argv = [sys.executable, "-m", "specroute", "serve", "--port", str(port), "--fd", str(fd)]
     argv += ["--backend", f"live={emulator.url}", "--backend", f"dead=http://127.0.0.1:{dead}"]
     argv += ["--policy", "static:steps=7"]
-    with log.open("wb") as err:
-        process = spawn(argv, stdout=subprocess.DEVNULL, stderr=err)
+    with log.open("wb") as err, listener:
+        process = spawn(argv, stdout=subprocess.DEVNULL, stderr=err, pass_fds=[fd])
     try:
         wait_ready_sync(f"http://127.0.0.1:{port}/ready", process=process, within=30)
         deadline = time.monotonic() + 20
@@ -56,6 +57,7 @@ def test_serve_logs_where_it_listens_a_dead_backend_and_a_missing_depth(
             time.sleep(0.1)
     finally:
         stop(process)
+        held.close()
     events = _events(log)
     listening = _first(events, "proxy_listening")
     assert (listening["host"], listening["port"]) == ("127.0.0.1", port)
@@ -138,12 +140,14 @@ async def _queue_timeout(
 ) -> httpx.Response:
     """A first request on `only` (held, or failed), then what the client gets while `only`
     cannot take another and `dead` never answered."""
+    held = contextlib.closing(bound_socket())  # bound, never listening: connections refused
     dead = Upstream(_ok)
-    dead.url = f"http://127.0.0.1:{free_port()}"  # never started: nothing listens there
+    dead.url = f"http://127.0.0.1:{held.thing.getsockname()[1]}"
     only = Upstream(handler)
     only._info["/server_info"]["max_running_requests"] = 1  # with overcommit 1: a limit of 1
     admission = {"queue_timeout_s": 0.3, "overcommit": 1.0}
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(held)
         await _started(stack, only)
         async with (
             inprocess.proxy({"only": only, "dead": dead}, admission=admission, **overrides) as (

@@ -23,7 +23,7 @@ from inprocess import Send, Upstream, event
 from servers import Server, run_server, start_emulator
 
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
-from specroute.pool import Backend, StallRule
+from specroute.pool import Backend, Refusal, StallRule, refusal
 from specroute.pool.estimators import DurationHistogram
 from specroute.proxy.stalls import HEARTBEAT
 
@@ -89,14 +89,18 @@ def test_a_stall_opens_the_circuit_and_makes_the_backend_unhealthy_until_a_succe
         breaker=BreakerConfig(failure_threshold=5, open_s=10),
     )
     backend.on_probe(True)
+
+    def refused(now: float) -> Refusal | None:
+        return refusal(backend, None, model=None, exclude=(), shared=False, now=now)
+
     assert backend.healthy
-    assert backend.available(now=0)
+    assert refused(now=0) is None
     backend.breaker.on_stall(now=0)  # one stall is enough
     assert not backend.healthy
-    assert not backend.available(now=5)
+    assert refused(now=5) is Refusal.CIRCUIT
     assert backend.on_probe(True) is None  # its /ready still answers: it stays unhealthy
     assert not backend.healthy
-    assert backend.available(now=11)  # one trial after open_s
+    assert refused(now=11) is None  # one trial after open_s
     backend.breaker.on_send()
     backend.breaker.on_success()
     assert backend.healthy

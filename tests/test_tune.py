@@ -161,7 +161,8 @@ def test_ctrl_c_while_a_server_loads_leaves_none_running(tmp_path: Path) -> None
     run = Run(tmp_path, tmp_path / "tune", "--emulator-arg=--startup-s=300", name="loading")
     _until(lambda: "steps1: started" in run.text(), "the first server to start")
     server = run.pid_of("steps1")
-    time.sleep(0.5)
+    log = tmp_path / "tune" / "logs" / "steps1.log"
+    _until(lambda: log.exists() and "emulator_loading" in log.read_text(), "it to be loading")
     run.process.send_signal(signal.SIGINT)
     assert run.wait() == 130, run.text()
     assert _gone(server)

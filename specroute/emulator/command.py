@@ -74,6 +74,9 @@ def _server_flags(group: argparse._ArgumentGroup) -> None:
         help="--speculative-num-steps; 0 runs without speculation")
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=SGLANG_PORT, help="SGLang's default port")
+    add("--fd", type=int, default=None, metavar="N",
+        help="listen on inherited socket N, bound by the parent to --host:--port (tests do so, "
+        "so that no other process can take the port first)")
     add("--max-running-requests", type=int, default=None,
         help="a cap: the server runs at most this and what memory holds at its deepest depth "
         f"(default: SGLang's {SPECULATIVE_DEFAULT_MAX_RUNNING} for a speculative server)")
@@ -150,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         options = options_from_args(args)
     except ValueError as exc:
         args.parser.error(str(exc))  # exits with status 2
+    from specroute.children import inherited_socket
     from specroute.emulator.server import build
 
     configure_logging()
@@ -181,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
-    _Server(config, on_exit=emulator.begin_shutdown).run()
+    sockets = None if args.fd is None else [inherited_socket(args.fd)]
+    _Server(config, on_exit=emulator.begin_shutdown).run(sockets=sockets)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Start emulated SGLang servers as child processes on free loopback ports, and stop them."""
+"""Start emulated SGLang servers as child processes on loopback sockets this process binds and
+hands over (so no other process can take a port in between), and stop them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from specroute.children import free_port, spawn, stop_async, wait_ready
+from specroute.children import bound_socket, spawn, stop_async, wait_ready
 
 __all__ = ["EmulatedServer", "emulated_fleet"]
 
@@ -41,14 +42,17 @@ async def emulated_fleet(
     servers: list[EmulatedServer] = []
     try:
         for k in steps:
-            port = free_port(host)
-            process = spawn(
-                [sys.executable, "-m", "specroute", "emulate", "--steps", str(k),
-                 "--profile", profile, "--host", host, "--port", str(port), *extra_args],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                new_session=new_session,
-            )  # fmt: skip
+            with bound_socket(host) as sock:  # the child listens on it; ours closes after spawn
+                port, fd = sock.getsockname()[1], sock.fileno()
+                process = spawn(
+                    [sys.executable, "-m", "specroute", "emulate", "--steps", str(k),
+                     "--profile", profile, "--host", host, "--port", str(port), "--fd", str(fd),
+                     *extra_args],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    new_session=new_session,
+                    pass_fds=[fd],
+                )  # fmt: skip
             servers.append(EmulatedServer(f"steps{k}", k, f"http://{host}:{port}", process))
         await asyncio.gather(
             *(

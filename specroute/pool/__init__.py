@@ -15,6 +15,7 @@ from specroute.pool.client import (
     UpstreamResponse,
 )
 from specroute.pool.deadlines import AttemptLimits, Deadlines, attempt_limits
+from specroute.pool.eligibility import Refusal, refusal
 from specroute.pool.estimators import StallRule
 from specroute.pool.holds import BACKEND_STATES, BackendState, Hold, Holds, HoldState
 from specroute.pool.index import RoutingIndex
@@ -47,6 +48,7 @@ __all__ = [
     "PeerTable",
     "Peers",
     "Pool",
+    "Refusal",
     "ReplyTooLarge",
     "RoutingIndex",
     "Scraper",
@@ -66,6 +68,7 @@ __all__ = [
     "local_estimates",
     "parse_metrics",
     "priors_from_profile",
+    "refusal",
     "scrape_interval",
     "share_of",
 ]

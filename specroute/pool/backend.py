@@ -154,17 +154,6 @@ class Backend:
                 return "down"
         return None
 
-    def available(self, now: float) -> bool:
-        """Reachable, circuit allowing, and below its in-flight limit. A stalled backend is
-        unhealthy but still gets its circuit's one trial after `open_s`: nothing else could
-        show that it recovered."""
-        limit = self.limit
-        return (
-            self.reachable
-            and (limit is None or self.in_flight < limit)
-            and self.breaker.allows(now)
-        )
-
     def view(self, iteration: IterationTimeModel | None = None) -> BackendView:
         m = self.metrics
         lifetime = self.lifetime_accept_length

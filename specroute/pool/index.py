@@ -22,6 +22,7 @@ from specroute.policies import (
 from specroute.policies.groups import batch
 from specroute.policies.predict import iteration_time
 from specroute.pool.backend import Backend
+from specroute.pool.eligibility import Refusal, refusal
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.pool.promtext import BackendMetrics
 from specroute.pool.sharing import (
@@ -61,15 +62,23 @@ class RoutingIndex:
         self._classes_key: tuple[int, int] | None = None
         self._classes: dict[str, ClassEstimate] = {}
 
-    def __contains__(self, name: object) -> bool:
-        """Whether the pool still has this backend (reachable or not)."""
-        return name in self._backends
+    def follows(self, backend: Backend) -> bool:
+        """Whether the pool still has this very backend (reachable or not): one removed, or
+        replaced by a newcomer of the same name, is no longer followed."""
+        return self._backends.get(backend.name) is backend
 
     # Changes -----------------------------------------------------------------------------
+    def add(self, backend: Backend) -> None:
+        """The pool took `backend` in: follow it (the pool alone adds and removes members)."""
+        self._backends[backend.name] = backend
+        self.touch(backend)
+
     def touch(self, backend: Backend, now: float | None = None) -> None:
-        """Rebuild one backend's view after anything it shows changed (or drop it)."""
+        """Rebuild one backend's view after anything it shows changed (or drop it). A backend
+        the pool no longer has is ignored: its last leases and watches must not bring it back."""
         name = backend.name
-        self._backends[name] = backend
+        if self._backends.get(name) is not backend:
+            return
         position = self._positions.setdefault(name, len(self._positions))
         if not backend.reachable:
             self.groups.remove(name)
@@ -83,6 +92,8 @@ class RoutingIndex:
     def moved(self, backend: Backend) -> None:
         """A lease came or went: only the backend's own count (and what follows from it)
         changed, so its view is patched rather than rebuilt."""
+        if not self.follows(backend):
+            return
         now = time.monotonic()
         name, own = backend.name, backend.in_flight
         mark = self._mark(name)
@@ -97,6 +108,8 @@ class RoutingIndex:
 
     def scraped(self, backend: Backend, metrics: BackendMetrics, now: float) -> None:
         """A /metrics answer: the backend's running and queued count, every client's."""
+        if not self.follows(backend):
+            return
         if metrics.running is not None or metrics.queued is not None:
             total = round((metrics.running or 0) + (metrics.queued or 0))
             self._mark(backend.name).scraped(total, backend.in_flight, now, self._lag(backend))
@@ -111,6 +124,7 @@ class RoutingIndex:
         return max(self.lag_s, DECODE_LOG_INTERVAL * iteration_time(view, batch(view)))
 
     def remove(self, name: str) -> None:
+        """The pool let `name` go: no view, no marks, and no way back but `add`."""
         self.groups.remove(name)
         self._backends.pop(name, None)
         self._marks.pop(name, None)
@@ -177,24 +191,36 @@ class RoutingIndex:
         return self._classes
 
     def candidates(self, model: str | None, exclude: Collection[str], now: float) -> Candidates:
-        """The groups, with the test a request's backend must pass: reachable, circuit
-        allowing, under its limit (with several replicas: its share of the room), serving
-        `model`, not tried yet."""
+        """The groups, with the test a request's backend must pass (`refusal`: reachable,
+        circuit allowing, serving `model`, under its limit, with several replicas its share of
+        the room, not excluded)."""
         backends = self._backends
         shared = self.share.replicas > 1
 
         def usable(view: BackendView) -> bool:
-            backend = backends.get(view.name)
-            if backend is None or view.name in exclude or not backend.available(now):
-                return False
-            if shared and view.headroom is not None and view.headroom <= 0:
-                return False
-            if model is None or backend.model == model:
-                return True
-            models = backend.models
-            return not models or model in models
+            found = backends.get(view.name)
+            why = refusal(
+                found, view.headroom, model=model, exclude=exclude, shared=shared, now=now
+            )
+            return why is None
 
         return Candidates(self.groups, usable)
+
+    def refusal(
+        self, backend: Backend, model: str | None, exclude: Collection[str], now: float
+    ) -> Refusal | None:
+        """Why `backend` may not take a request for `model` now (None: it may), by the same
+        rule `candidates` routes with."""
+        found = self._backends.get(backend.name)
+        view = self.groups.get(backend.name)
+        return refusal(
+            found if found is backend else None,
+            None if view is None else view.headroom,
+            model=model,
+            exclude=exclude,
+            shared=self.share.replicas > 1,
+            now=now,
+        )
 
     def pool_view(self, candidates: Candidates, classes: dict[str, ClassEstimate]) -> PoolView:
         groups = self.groups

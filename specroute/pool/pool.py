@@ -170,7 +170,7 @@ class Pool:
         return local_estimates(self.telemetry, self.instance)
 
     def _follow(self, backend: Backend) -> None:
-        self.index.touch(backend)
+        self.index.add(backend)
         self.scraper.add(backend)
 
     def _peers_changed(self) -> None:

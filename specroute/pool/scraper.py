@@ -161,5 +161,5 @@ class Scraper:
             replicas.scrape_min_interval_s,
             self._config.health.metrics_interval_s,
         )
-        if backend.name in self._index:
+        if self._index.follows(backend):
             self.add(backend, interval)

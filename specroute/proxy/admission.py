@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Collection
 
+import structlog
+
 from specroute.config import AdmissionConfig
 from specroute.errors import NoHealthyBackendError, QueueFullError, QueueTimeoutError
 from specroute.policies import BackendView, Decision, Policy, PoolView, RouteRequest
@@ -13,6 +15,8 @@ from specroute.pool import Lease, Pool
 from specroute.proxy.unavailable import unavailable
 
 __all__ = ["Admission"]
+
+log = structlog.get_logger()
 
 # Waiters re-check at least this often: an open circuit closes by time, not by an event.
 _RECHECK_S = 0.5
@@ -31,7 +35,7 @@ class Admission:
         view = self._candidates(request.model, tried)
         if view is None:
             view = await self._wait(request.model, tried)
-        decision = policy.choose(request, view)
+        decision = _choose(policy, request, view)
         chosen = _chosen(view, decision.backend)
         if chosen is None:
             chosen = view.backends[0]
@@ -82,6 +86,16 @@ class Admission:
         return NoHealthyBackendError(
             f"no healthy backend{served}: {reasons}", retry_after=self._config.retry_after_s
         )
+
+
+def _choose(policy: Policy, request: RouteRequest, view: PoolView) -> Decision:
+    """The policy's decision; when it raises, the first candidate (its failure logged)."""
+    try:
+        return policy.choose(request, view)
+    except Exception as exc:  # a third-party policy must not break routing
+        log.exception("policy_choose_failed", policy=policy.name)
+        first = view.backends[0].name
+        return Decision(backend=first, reason=f"policy failed ({type(exc).__name__}); first")
 
 
 def _chosen(view: PoolView, name: str) -> BackendView | None:

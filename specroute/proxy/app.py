@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -31,6 +32,7 @@ from specroute.prometheus import CONTENT_TYPE
 from specroute.proxy.auth import ADMIN, PUBLIC, access_of
 from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
+from specroute.proxy.keyless import KeylessGate
 from specroute.proxy.openapi import openapi_config, relay_docs
 from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
 from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
@@ -113,10 +115,10 @@ def _handlers(state: ProxyState) -> list[Any]:
             raise NoHealthyBackendError("no healthy backend", retry_after=1)
         return _json({"status": "ready", "healthy_backends": healthy})
 
-    @get("/metrics", sync_to_thread=False, opt=PUBLIC)
-    def metrics() -> Response[bytes]:
+    @get("/metrics", opt=PUBLIC)
+    async def metrics() -> Response[bytes]:
         # As a header, not a media type: Litestar would append a second `; charset=utf-8`.
-        return Response(state.metrics.render(), headers={"content-type": CONTENT_TYPE})
+        return Response(await state.metrics_text.get(), headers={"content-type": CONTENT_TYPE})
 
     @get("/v1/models", sync_to_thread=False)
     def models(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -184,6 +186,7 @@ class ProxyApp:
         self.state = state
         self.relay = Relay(state)
         self._framework = framework
+        self.keyless = KeylessGate(state.config.limits.keyless_in_progress)
 
     async def drain(self, grace_s: float) -> None:
         """On SIGTERM: requests in flight get `grace_s` seconds, then an error (see Relay)."""
@@ -199,7 +202,13 @@ class ProxyApp:
         return sorted(found)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
+        if scope["type"] == "http":
+            await self.keyless.run(scope, send, partial(self._dispatch, scope, receive, send))
+        else:
+            await self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "POST":
             route = RELAY_PATHS.get(scope["path"])
             if route is not None:
                 await self.relay.handle(route, scope, receive, send)

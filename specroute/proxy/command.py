@@ -34,6 +34,12 @@ def register(subparsers: Subcommands) -> None:
     parser.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to listen on (default 8000)")
     parser.add_argument(
+        "--fd",
+        type=int,
+        metavar="N",
+        help="listen on inherited socket N, bound by the parent (a supervisor or a test)",
+    )
+    parser.add_argument(
         "--policy", metavar="NAME", help="routing policy (default throughput; `specroute policies`)"
     )
     parser.add_argument(
@@ -85,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     from specroute.proxy.server import serve
 
     configure_logging(config.log_level)
-    serve(create_app(config), config)
+    serve(create_app(config), config, fd=args.fd)
     return 0

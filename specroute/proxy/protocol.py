@@ -14,6 +14,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from specroute.config import LimitsConfig
 from specroute.errors import (
     AuthenticationError,
+    BadRequestError,
     HeadersTooLargeError,
     RequestTimeoutError,
     ServiceUnavailableError,
@@ -23,12 +24,14 @@ from specroute.errors import (
 from specroute.proxy.auth import Auth
 from specroute.proxy.connections import ConnectionTable
 from specroute.proxy.intake import DISCONNECT, DisconnectSignal, Scope, disconnect_signal
+from specroute.proxy.keyless import KEYED
 
 __all__ = ["limited_protocol"]
 
 log = structlog.get_logger()
 
 _REASONS = {
+    400: b"Bad Request",
     408: b"Request Timeout",
     431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
@@ -200,8 +203,10 @@ class LimitedProtocol(HttpToolsProtocol):
             self._keep_alive, self.cycle.keep_alive = self.cycle.keep_alive, False
 
     def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read (a `CONNECT`, bad framing): a 400 in OpenAI's shape,
+        the connection closed, and nothing more read from it."""
         if not self._rejected:  # a rejected request was answered already
-            super().send_400_response(msg)
+            self._reject(BadRequestError(msg))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -222,7 +227,19 @@ class LimitedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         self._reading = _BODY
-        if not self.table.request(self, keyed=self._keyed()):
+        if len(self.pipeline) >= self.limits.max_pipelined:
+            # Each queued request is one more answer owed in order; a client that sends this
+            # many ahead is not waiting for them. Nothing is written: it would answer the
+            # first request, which is still in progress.
+            log.warning("connection_refused", reason="max_pipelined", open=len(self.table))
+            self._rejected = True
+            self.pipeline.clear()
+            self.transport.close()
+            raise _HeadersRejected
+        keyed = self._keyed()
+        if self.auth is not None and self.auth.required:  # said only where keys are checked
+            self.scope["extensions"][KEYED] = keyed  # type: ignore[assignment]  # ours
+        if not self.table.request(self, keyed=keyed):
             log.warning("connection_refused", reason="reserved_for_keys", open=len(self.table))
             self._reject(
                 ServiceUnavailableError("too many connections without an API key; retry later")

@@ -129,6 +129,9 @@ class Relay:
                 reply.status, reply.error = 499, reply.error or "client disconnected"
             else:  # a stream in flight got its error event already; the rest get a 503
                 await reply.send_error(shutting_down(), ex.headers())
+        except Exception:  # the last resort: a bug (ours or a plug-in's), not the client's
+            log.exception("request_failed", request_id=ex.request_id, route=route)
+            await reply.send_error(SpecrouteError("internal error"), ex.headers())
         finally:
             body.release()
             del self._open[task]

@@ -14,6 +14,7 @@ import socket
 import structlog
 import uvicorn
 
+from specroute.children import inherited_socket
 from specroute.config import Config
 from specroute.proxy.app import ProxyApp
 from specroute.proxy.protocol import limited_protocol
@@ -76,8 +77,9 @@ def _raise_fd_limit(config: Config) -> None:
         log.warning("fd_limit_low", need=need, limit=target)
 
 
-def serve(app: ProxyApp, config: Config) -> None:
-    """Run `app` on `config.host:config.port` until SIGINT or SIGTERM."""
+def serve(app: ProxyApp, config: Config, fd: int | None = None) -> None:
+    """Run `app` on `config.host:config.port`, or on the inherited socket `fd`, until SIGINT
+    or SIGTERM."""
     # Everything built so far (the imported libraries, the app) lives as long as the process:
     # out of the collector's sight, a full collection takes a millisecond, not fifty, and no
     # longer stalls every request in flight (benchmarks/proxy_overhead.py, p99 at 64).
@@ -98,4 +100,5 @@ def serve(app: ProxyApp, config: Config) -> None:
         access_log=False,
         timeout_graceful_shutdown=math.ceil(limits.shutdown_grace_s + _BACKSTOP_S),
     )
-    _Server(server_config, app, limits.shutdown_grace_s).run()
+    sockets = None if fd is None else [inherited_socket(fd)]
+    _Server(server_config, app, limits.shutdown_grace_s).run(sockets=sockets)

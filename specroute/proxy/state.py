@@ -13,6 +13,7 @@ from specroute.proxy.bodies import BodyBudget
 from specroute.proxy.decisions import RecentDecisions
 from specroute.proxy.depths import DepthWatch
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
+from specroute.proxy.paced import PacedRender
 from specroute.proxy.process import ProcessMonitor
 
 __all__ = ["ProxyState"]
@@ -42,6 +43,8 @@ class ProxyState:
         self.metrics.registry.register(
             ProxyGauges(self.pool, self.admission, self.bodies, self.process)
         )
+        self.metrics_text = PacedRender(self.metrics.render, limits.metrics_render_s)
+        """`/metrics`, rendered at most once per `limits.metrics_render_s` however many ask."""
         self.started = time.time()  # wall clock only for `created` in /v1/models
 
     async def start(self) -> None:
