@@ -16,6 +16,7 @@ from litestar import Controller, Litestar, Request, Response, get, post, route
 from litestar.di import Provide
 
 from specroute.emulator import info
+from specroute.emulator.agents import AgentApis
 from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.runtime import Emulator, json_response, openai_error
@@ -55,6 +56,34 @@ class GenerationRoutes(Controller):
     @route("/generate", http_method=["POST", "PUT"], status_code=200)
     async def generate(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
         return await emu.generate(request)
+
+
+class AgentRoutes(Controller):
+    """OpenAI's Responses API and Anthropic's Messages API (`agents.AgentApis`)."""
+
+    @post("/v1/responses", status_code=200)
+    async def create_response(
+        self, request: Request[Any, Any, Any], agents: AgentApis
+    ) -> Response[Any]:
+        return await agents.create_response(request)
+
+    @get("/v1/responses/{response_id:str}", sync_to_thread=False)
+    def retrieve_response(self, agents: AgentApis, response_id: str) -> Response[bytes]:
+        return agents.retrieve_response(response_id)
+
+    @post("/v1/responses/{response_id:str}/cancel", status_code=200, sync_to_thread=False)
+    def cancel_response(self, agents: AgentApis, response_id: str) -> Response[bytes]:
+        return agents.cancel_response(response_id)
+
+    @post("/v1/messages", status_code=200)
+    async def messages(self, request: Request[Any, Any, Any], agents: AgentApis) -> Response[Any]:
+        return await agents.messages(request)
+
+    @post("/v1/messages/count_tokens", status_code=200)
+    async def count_tokens(
+        self, request: Request[Any, Any, Any], agents: AgentApis
+    ) -> Response[bytes]:
+        return await agents.count_tokens(request)
 
 
 class InfoRoutes(Controller):
@@ -169,13 +198,20 @@ def create_app(options: EmulatorOptions) -> Litestar:
 def build(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
     """The app and its runtime, for callers that must reach the runtime (signal handling)."""
     emu = Emulator(options)
+    agents = AgentApis(emu)
 
     def provide() -> Emulator:
         return emu
 
+    def provide_agents() -> AgentApis:
+        return agents
+
     app = Litestar(
-        route_handlers=[GenerationRoutes, InfoRoutes, ControlRoutes],
-        dependencies={"emu": Provide(provide, use_cache=True, sync_to_thread=False)},
+        route_handlers=[GenerationRoutes, AgentRoutes, InfoRoutes, ControlRoutes],
+        dependencies={
+            "emu": Provide(provide, use_cache=True, sync_to_thread=False),
+            "agents": Provide(provide_agents, use_cache=True, sync_to_thread=False),
+        },
         middleware=[bearer_auth(options.api_key)] if options.api_key else [],
         lifespan=[emu.lifespan],
         openapi_config=None,
