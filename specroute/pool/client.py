@@ -28,6 +28,10 @@ __all__ = [
 ]
 
 
+_URLS_CACHED = 4096
+"""Parsed upstream URLs kept: one per backend and route, not one per stored response id."""
+
+
 class UpstreamFailure(Exception):
     """A backend could not be reached or stopped answering; no HTTP status to pass on."""
 
@@ -193,7 +197,9 @@ class UpstreamClient:
         Host nor Content-Length."""
         target = self._urls.get(url)
         if target is None:
-            target = self._urls[url] = httpx.URL(url)
+            target = httpx.URL(url)
+            if len(self._urls) < _URLS_CACHED:  # per-id paths must not grow it without bound
+                self._urls[url] = target
         first_byte_s = self._timeouts.first_byte_s
         try:
             if self._pool is not None:

@@ -33,7 +33,8 @@ from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
 from specroute.proxy.openapi import openapi_config, relay_docs
 from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
-from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
+from specroute.proxy.relay import Receive, Relay, Scope, Send
+from specroute.proxy.routes import FORWARDED, GENERATION, find_route
 from specroute.proxy.state import ProxyState
 
 __all__ = ["ProxyApp", "create_app"]
@@ -178,7 +179,7 @@ def _handlers(state: ProxyState) -> list[Any]:
 
 
 class ProxyApp:
-    """The ASGI entry point: POSTs to the relayed paths skip the framework entirely."""
+    """The ASGI entry point: the relayed routes (`routes.find_route`) skip the framework."""
 
     def __init__(self, state: ProxyState, framework: Litestar) -> None:
         self.state = state
@@ -191,7 +192,10 @@ class ProxyApp:
 
     def routes(self) -> list[tuple[str, str, str]]:
         """Every (method, path, access) served; access is `public`, `client` or `admin`."""
-        found = {("POST", path, "client") for path in RELAY_PATHS}
+        found = {("POST", path, "client") for path in GENERATION}
+        found |= {(method, path, "client") for method, path in FORWARDED}
+        found |= {("GET", "/v1/responses/{response_id}", "client")}
+        found |= {("POST", "/v1/responses/{response_id}/cancel", "client")}
         for route in self._framework.routes:
             for handler in getattr(route, "route_handlers", ()):
                 for method in sorted(getattr(handler, "http_methods", ())):
@@ -199,8 +203,8 @@ class ProxyApp:
         return sorted(found)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            route = RELAY_PATHS.get(scope["path"])
+        if scope["type"] == "http":
+            route = find_route(scope["method"], scope["path"])
             if route is not None:
                 await self.relay.handle(route, scope, receive, send)
                 return

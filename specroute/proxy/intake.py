@@ -25,6 +25,7 @@ from specroute.policies import RouteRequest
 from specroute.pool import Pool
 from specroute.proxy.auth import Auth
 from specroute.proxy.bodies import BodyHold
+from specroute.proxy.routes import ForwardFields, MessagesFields, ResponsesFields
 from specroute.proxy.stalls import ClientTransport
 from specroute.speculation import is_greedy
 
@@ -33,6 +34,7 @@ __all__ = [
     "ClientGone",
     "DisconnectSignal",
     "Extras",
+    "Fields",
     "Incoming",
     "Intake",
     "Receive",
@@ -40,6 +42,7 @@ __all__ = [
     "Scope",
     "Send",
     "class_name",
+    "client_key",
     "decode_fields",
     "disconnect_signal",
     "header",
@@ -76,11 +79,13 @@ class Extras(msgspec.Struct, kw_only=True):
 
 
 class Incoming(NamedTuple):
-    """A request read and decoded: what the policy sees, what goes upstream, what to strip."""
+    """A request read and decoded: what the policy sees, what goes upstream, what to strip,
+    and the stored response it continues (`previous_response_id`), which pins its backend."""
 
     request: RouteRequest
     body: bytes
     extras: Extras
+    continues: str | None = None
 
 
 class Intake:
@@ -111,7 +116,8 @@ class Intake:
         klass = self._workload_class(scope)
         forwarded, extras = upstream_body(body, fields, config.learn)
         named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
-        return Incoming(route_request(route, named, klass), forwarded, extras)
+        continues = fields.previous_response_id if isinstance(fields, ResponsesFields) else None
+        return Incoming(route_request(route, named, klass), forwarded, extras, continues)
 
     def _served_model(self, model: str | None) -> str | None:
         """The served model a request names, which routes it (the client's bytes go upstream
@@ -135,7 +141,7 @@ class Intake:
         if given is None:
             return None
         name = class_name(given)
-        if not self._auth.may_name_class(header(scope, b"authorization")):
+        if not self._auth.may_name_class(client_key(scope)):
             self._on_ignored("not_allowed")
         elif name is None:
             self._on_ignored("invalid")
@@ -170,6 +176,16 @@ def header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def client_key(scope: Scope) -> bytes | None:
+    """The client's `Authorization` header, or its `x-api-key` (Anthropic's clients send the
+    key there) as a Bearer token."""
+    given = header(scope, b"authorization")
+    if given is None:
+        key = header(scope, b"x-api-key")
+        given = None if key is None else b"Bearer " + key
+    return given
 
 
 def printable(value: bytes | None, limit: int) -> str | None:
@@ -348,17 +364,30 @@ class GenerateFields(msgspec.Struct, kw_only=True):
     sampling_params: SamplingParams | None = None
 
 
+Fields = RoutingFields | GenerateFields | ResponsesFields | MessagesFields | ForwardFields
+"""The routing fields of any relayed route."""
+
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "chat": msgspec.json.Decoder(ChatFields),
     "completions": msgspec.json.Decoder(CompletionFields),
     "generate": msgspec.json.Decoder(GenerateFields),
+    "responses": msgspec.json.Decoder(ResponsesFields),
+    "messages": msgspec.json.Decoder(MessagesFields),
 }
+_forward = msgspec.json.Decoder(ForwardFields)
 
 
-def decode_fields(route: str, body: bytes) -> RoutingFields | GenerateFields:
-    """Decode the routing fields; malformed JSON or a missing field is a 400."""
+def decode_fields(route: str, body: bytes) -> Fields:
+    """Decode the routing fields; malformed JSON or a missing field is a 400. A forwarded
+    route's body is the backend's to judge: only its model is read, when it has one."""
+    decoder = _DECODERS.get(route)
+    if decoder is None:
+        try:
+            return _forward.decode(body) if body.strip() else ForwardFields()
+        except (msgspec.DecodeError, RecursionError):
+            return ForwardFields()
     try:
-        fields: RoutingFields | GenerateFields = _DECODERS[route].decode(body)
+        fields: Fields = decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise BadRequestError(f"invalid request: {exc}", param=_param(str(exc))) from exc
     except msgspec.DecodeError as exc:
@@ -379,12 +408,21 @@ def _param(message: str) -> str | None:
     return message.split("`")[1].removeprefix("$.") or None
 
 
-def route_request(
-    route: str, fields: RoutingFields | GenerateFields, klass: str | None
-) -> RouteRequest:
-    """The features a policy sees; the workload class is the client's header or model+sampling."""
+def route_request(route: str, fields: Fields, klass: str | None) -> RouteRequest:
+    """The features a policy sees; the workload class is the client's header or model+sampling
+    (the same class whichever API the request came in by)."""
     n: int | None = 1
-    if isinstance(fields, GenerateFields):
+    if isinstance(fields, ForwardFields):
+        return RouteRequest(
+            route=route, model=fields.model, workload_class=klass or route, stream=False
+        )
+    if isinstance(fields, ResponsesFields):
+        max_tokens = fields.max_output_tokens
+        temperature, top_p, top_k = fields.temperature, fields.top_p, fields.top_k
+    elif isinstance(fields, MessagesFields):
+        max_tokens = fields.max_tokens
+        temperature, top_p, top_k = fields.temperature, fields.top_p, fields.top_k
+    elif isinstance(fields, GenerateFields):
         sp = fields.sampling_params or SamplingParams()
         max_tokens, temperature, top_p, top_k = (
             sp.max_new_tokens,
@@ -410,12 +448,12 @@ def route_request(
     )
 
 
-def upstream_body(
-    body: bytes, fields: RoutingFields | GenerateFields, learn: LearnConfig
-) -> tuple[bytes, Extras]:
+def upstream_body(body: bytes, fields: Fields, learn: LearnConfig) -> tuple[bytes, Extras]:
     """The body to send upstream and what to strip from the reply. Appends to the client's bytes
-    when the added keys are absent; re-encodes only if the client set them to something else."""
-    if isinstance(fields, GenerateFields):
+    when the added keys are absent; re-encodes only if the client set them to something else.
+    Responses, Messages and the forwarded routes go as they came: their replies carry their
+    usage already and SGLang has no speculative details for them."""
+    if not isinstance(fields, RoutingFields):
         return body, Extras()
     opts = fields.stream_options
     want_usage = isinstance(opts, StreamOptions) and bool(

@@ -24,6 +24,7 @@ from specroute.errors import (
 )
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
 from specroute.pool import (
+    Backend,
     Lease,
     Stalled,
     StallRule,
@@ -31,6 +32,7 @@ from specroute.pool import (
     UpstreamFailure,
     UpstreamResponse,
 )
+from specroute.proxy.formats import EVENT_APIS, EventStreamRelay, measure_whole, render_error
 from specroute.proxy.intake import (
     ClientGone,
     Incoming,
@@ -38,31 +40,30 @@ from specroute.proxy.intake import (
     Receive,
     Scope,
     Send,
+    client_key,
     disconnect_signal,
     header,
     request_id,
     watch_disconnect,
 )
 from specroute.proxy.metrics import ProxyMetrics
-from specroute.proxy.reply import Reply, shutting_down
+from specroute.proxy.reply import Reply, StreamRelay, shutting_down
+from specroute.proxy.routes import GENERATION, STORED_RESPONSE, Route, stored_response_id
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
+from specroute.proxy.stored import ResponseHomes, gone, locate
 
 __all__ = ["RELAY_PATHS", "Exchange", "Receive", "Relay", "Scope", "Send"]
 
 log = structlog.get_logger()
 
-RELAY_PATHS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/generate": "generate",
-}
-_UPSTREAM_PATH = {route: path for path, route in RELAY_PATHS.items()}
+RELAY_PATHS = GENERATION
 _upstream_error = msgspec.json.Decoder(dict[str, Any])
 
 
 class Relay:
-    """The proxied routes: chat completions, completions and SGLang's native /generate."""
+    """The proxied routes (`routes`): generation routed by the policy, stored responses to
+    the backend that holds them, the other inference routes to any healthy backend."""
 
     def __init__(self, state: ProxyState) -> None:
         self._state = state
@@ -76,6 +77,7 @@ class Relay:
         self.draining = False
         self._open: dict[asyncio.Task[Any], Exchange] = {}
         self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
+        self.homes = ResponseHomes()
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
@@ -95,12 +97,15 @@ class Relay:
         if rest:
             await asyncio.wait([task for task, _ in rest], timeout=5.0)
 
-    async def handle(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
         # The policy is bound once, as the request comes in: a switch while it is in flight
         # leaves its routing, retries, headers and observation all with this one.
-        ex = Exchange(route, request_id(header(scope, b"x-request-id")), state.policy, send)
+        ex = Exchange(route.kind, request_id(header(scope, b"x-request-id")), state.policy, send)
+        ex.method, ex.path, ex.generates = scope["method"], route.path, route.generates
         reply = ex.reply
+        if route.kind == "messages":
+            reply.render_error = partial(render_error, route.kind)
         signal = disconnect_signal(scope)
         reply.transport = signal.transport if signal is not None else None
         task = asyncio.current_task()
@@ -111,8 +116,10 @@ class Relay:
         try:
             if self.draining:
                 raise shutting_down()
-            state.auth.check(header(scope, b"authorization"))
-            incoming = await self._intake.read(route, scope, receive, body)
+            state.auth.check(client_key(scope))
+            incoming = await self._intake.read(route.kind, scope, receive, body)
+            if route.kind == STORED_RESPONSE:
+                incoming = incoming._replace(continues=stored_response_id(ex.method, ex.path))
             ex.request = incoming.request
             stop_watching = watch_disconnect(scope, receive, partial(_client_left, task, reply))
             await self._forward(ex, incoming)
@@ -143,8 +150,13 @@ class Relay:
         retry = state.config.retry
         request, policy = incoming.request, ex.policy
         tried: list[str] = []
+        home = None if incoming.continues is None else await self._home(incoming.continues)
         for attempt in range(1, retry.max_attempts + 1):
-            lease, decision = await state.admission.admit(request, policy, tried)
+            if home is not None:  # the stored response is there and nowhere else: no retry
+                lease = state.pool.lease(home)
+                decision = Decision(backend=home.name, reason="stored response lives here")
+            else:
+                lease, decision = await state.admission.admit(request, policy, tried)
             backend = lease.backend
             ex.begin_attempt(lease, decision)
             state.decisions.record(
@@ -157,7 +169,8 @@ class Relay:
             )
             state.metrics.decisions.inc((policy.name, backend.name))
             tried.append(backend.name)
-            reason = await self._attempt(ex, lease, incoming, attempt == retry.max_attempts)
+            last = home is not None or attempt == retry.max_attempts
+            reason = await self._attempt(ex, lease, incoming, last)
             if reason is None:
                 return
             state.metrics.retries.inc((backend.name, reason))
@@ -165,6 +178,21 @@ class Relay:
                 "upstream_retried", request_id=ex.request_id, backend=backend.name, reason=reason
             )
             await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 1), retry.backoff_max_s))
+
+    async def _home(self, response_id: str) -> Backend:
+        """The backend that stores `response_id`: remembered, else found by asking; an
+        OpenAI-shaped 404 (or 503 while it is unhealthy) when it cannot be reached."""
+        state = self._state
+        name = self.homes.home(response_id)
+        if name is None:
+            name = await locate(response_id, state.pool, state.client)
+            if name is not None:
+                self.homes.remember(response_id, name)
+        error = gone(response_id, name, state.pool)
+        if error is not None:
+            raise error
+        assert name is not None
+        return state.pool.by_name[name]
 
     async def _attempt(
         self, ex: Exchange, lease: Lease, incoming: Incoming, last: bool
@@ -176,12 +204,16 @@ class Relay:
         status, error = 0, None
         try:
             upstream = await self._state.client.send(
-                "POST",
-                backend.url + _UPSTREAM_PATH[ex.route],
+                ex.method,
+                backend.url + ex.path,
                 incoming.body,
                 _upstream_headers(backend.auth_headers),
             )
             status = upstream.status
+            if not ex.generates and status < 500:  # the backend's own answer, as it came
+                verdict = status < 400 or status == 404
+                await ex.reply.send_whole(upstream, incoming.extras, ex.headers(), _measure)
+                return None
             if status >= 500 or status == 429:
                 verdict = status == 429  # overload is not a broken backend
                 error = f"upstream status {status}"
@@ -194,6 +226,9 @@ class Relay:
                 raise upstream_error(status, await upstream.read())
             await self._reply(ex, upstream, incoming)
             verdict = ex.reply.error is None
+            response_id = ex.reply.measured.response_id
+            if response_id is not None and ex.route == "responses" and verdict:
+                self.homes.remember(response_id, backend.name)
             return None
         except UpstreamFailure as exc:
             verdict, error = (exc if isinstance(exc, Stalled) else False), str(exc)
@@ -221,11 +256,17 @@ class Relay:
                 self._first_rule.limit_s(times.first),
                 partial(self._gap_rule.limit_s, times.gaps),
             )
+            stream = (
+                EventStreamRelay(ex.route, incoming.extras, ex.started)
+                if ex.route in EVENT_APIS
+                else StreamRelay(incoming.extras, ex.started)
+            )
             await ex.reply.send_stream(
-                upstream, incoming.extras, ex.headers(), clock, state.config.limits.client_stall_s
+                upstream, stream, ex.headers(), clock, state.config.limits.client_stall_s
             )
         else:
-            await ex.reply.send_whole(upstream, incoming.extras, ex.headers())
+            measure = measure_whole if ex.route in EVENT_APIS else None
+            await ex.reply.send_whole(upstream, incoming.extras, ex.headers(), measure)
 
     def _judge(self, lease: Lease, verdict: bool | Stalled | None) -> None:
         """The attempt's verdict to its backend's breaker; a stall also to its health."""
@@ -241,7 +282,10 @@ class Relay:
             backend.breaker.on_failure(time.monotonic())
 
     def _learn(self, ex: Exchange, lease: Lease, status: int, error: str | None) -> None:
-        """The attempt's outcome to the pool's estimators, then to the request's policy."""
+        """The attempt's outcome to the pool's estimators, then to the request's policy;
+        routes that generate nothing teach them nothing."""
+        if not ex.generates or ex.request is None:
+            return
         outcome = ex.outcome(lease, status, error)
         lease.observe(outcome)  # the pool's own estimators: a bug there surfaces as itself
         try:
@@ -256,6 +300,9 @@ class Exchange:
 
     def __init__(self, route: str, request_id: str, policy: Policy, send: Send) -> None:
         self.route = route
+        self.method = "POST"
+        self.path = ""
+        self.generates = True
         self.request_id = request_id
         self.policy = policy
         self.started = time.perf_counter()
@@ -378,6 +425,10 @@ def upstream_error(status: int, body: bytes) -> UpstreamError:
     exc = UpstreamError(message, status=status)
     exc.error_type = kind if isinstance(kind, str) else "invalid_request_error"
     return exc
+
+
+def _measure(body: bytes, meter: object) -> None:
+    """A forwarded route's reply is not measured."""
 
 
 def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -53,6 +54,7 @@ class Reply:
         "error",
         "finished",
         "meter",
+        "render_error",
         "status",
         "stream",
         "transport",
@@ -75,6 +77,8 @@ class Reply:
         self.ending = False  # the proxy is shutting down and ends this reply itself
         self.meter = ReplyMeter()
         self.stream: StreamRelay | None = None
+        self.render_error: Callable[[SpecrouteError], bytes] = error_body
+        """A whole error's body, in the shape the route's clients parse."""
 
     def new_attempt(self) -> None:
         self.meter = ReplyMeter()
@@ -85,9 +89,18 @@ class Reply:
         return self.stream.meter if self.stream is not None else self.meter
 
     async def send_whole(
-        self, upstream: UpstreamResponse, extras: Extras, headers: Headers
+        self,
+        upstream: UpstreamResponse,
+        extras: Extras,
+        headers: Headers,
+        measure: Callable[[bytes, ReplyMeter], None] | None = None,
     ) -> None:
-        body = strip_reply(await upstream.read(), extras, self.meter)
+        """The reply as one body: measured by `measure` where the route has its own format."""
+        if measure is None:
+            body = strip_reply(await upstream.read(), extras, self.meter)
+        else:
+            body = await upstream.read()
+            measure(body, self.meter)
         self.status = upstream.status
         start = [
             (b"content-type", upstream.content_type),
@@ -101,15 +114,16 @@ class Reply:
     async def send_stream(
         self,
         upstream: UpstreamResponse,
-        extras: Extras,
+        stream: StreamRelay,
         headers: Headers,
         clock: StreamClock,
         stall_s: float,
     ) -> None:
         """Headers go out with the first event, so a backend that fails during prefill is
         still retried invisibly, unless the first token takes `heartbeat_s`: then they go out
-        with a heartbeat. After that, failures end the stream with an error event."""
-        self.stream = StreamRelay(extras, self._started)
+        with a heartbeat. After that, failures end the stream with an error event (in the
+        stream's own format: `stream.error_tail`)."""
+        self.stream = stream
         self._head = [(b"content-type", upstream.content_type), *headers]
         self._stall_s = stall_s
         tail = b""
@@ -121,7 +135,7 @@ class Reply:
         except UpstreamFailure as exc:
             if self.committed:
                 self.error = str(exc)
-                tail = error_event(_stream_failure(exc))
+                tail = stream.error_tail(_stream_failure(exc))
             raise
         except asyncio.CancelledError:
             if self._watch is not None and self._watch.stalled:  # nothing more can reach it
@@ -129,7 +143,7 @@ class Reply:
                 self.error = "client stopped reading"
             elif self.ending:
                 self.error = "proxy shutting down"
-                tail = error_event(shutting_down())
+                tail = stream.error_tail(shutting_down())
             raise
         finally:
             if self._watch is not None:
@@ -206,7 +220,7 @@ class Reply:
             start.append((b"connection", b"close"))  # the rest of its body was never read
         await self._send({"type": "http.response.start", "status": exc.status, "headers": start})
         await self._send(
-            {"type": "http.response.body", "body": error_body(exc), "more_body": False}
+            {"type": "http.response.body", "body": self.render_error(exc), "more_body": False}
         )
 
 
@@ -255,9 +269,18 @@ _any = msgspec.json.Decoder(dict[str, Any])
 class ReplyMeter:
     """Tokens and speculative statistics seen in a reply (streamed or whole)."""
 
-    __slots__ = ("accept_length", "completion_tokens", "error", "prompt_tokens", "verify_ct")
+    __slots__ = (
+        "accept_length",
+        "completion_tokens",
+        "error",
+        "prompt_tokens",
+        "response_id",
+        "verify_ct",
+    )
 
     def __init__(self) -> None:
+        self.response_id: str | None = None
+        """A Responses API reply's id: the backend that made it stores it."""
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.verify_ct: int | None = None
@@ -325,6 +348,10 @@ class StreamRelay:
     def rest(self) -> bytes:
         """An unterminated tail at the end of the stream, passed on as it came."""
         return self._splitter.rest()
+
+    def error_tail(self, exc: SpecrouteError) -> bytes:
+        """The stream's end on a failure: the error as one event, then `[DONE]`."""
+        return error_event(exc)
 
     def _keep(self, payload: bytes | None, now: float) -> bool:
         if payload is None:

@@ -1,0 +1,134 @@
+"""Every client route of SGLang 0.5.23 the proxy passes on, and how: relayed and routed by the
+policy (generation: chat, completions, native generate, OpenAI Responses, Anthropic Messages),
+pinned to the backend that stores a response (`/v1/responses/{id}`), or forwarded to any
+healthy backend (embeddings, tokenizer, scoring, Ollama's). SGLang's administrative routes
+are never forwarded: they are not listed here, so the client port answers them 404.
+
+The routing fields of the Responses and Messages bodies are decoded here too: only what a
+policy reads (`intake.RoutingFields` holds chat's and completions').
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+__all__ = [
+    "FORWARDED",
+    "GENERATION",
+    "STORED_RESPONSE",
+    "ForwardFields",
+    "MessagesFields",
+    "ResponsesFields",
+    "Route",
+    "find_route",
+    "stored_response_id",
+]
+
+
+class Route(NamedTuple):
+    """How one client request is passed on: its kind (`chat`, `responses`, `forward`...),
+    the path it takes upstream, and whether it generates (policy, learning) or not."""
+
+    kind: str
+    path: str
+    generates: bool
+
+
+GENERATION: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/generate": "generate",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+"""POST routes that generate: routed by the policy, learned from, retried before the first
+byte."""
+
+FORWARDED: dict[tuple[str, str], str] = {
+    ("POST", "/v1/messages/count_tokens"): "count_tokens",
+    ("POST", "/v1/embeddings"): "embeddings",
+    ("POST", "/v1/tokenize"): "tokenize",
+    ("POST", "/tokenize"): "tokenize",
+    ("POST", "/v1/detokenize"): "detokenize",
+    ("POST", "/detokenize"): "detokenize",
+    ("POST", "/v1/rerank"): "rerank",
+    ("PUT", "/v1/rerank"): "rerank",
+    ("POST", "/v1/score"): "score",
+    ("POST", "/v1/classify"): "classify",
+    ("POST", "/encode"): "encode",
+    ("PUT", "/encode"): "encode",
+    ("POST", "/classify"): "classify",
+    ("PUT", "/classify"): "classify",
+    ("POST", "/api/chat"): "ollama",
+    ("POST", "/api/generate"): "ollama",
+    ("GET", "/api/tags"): "ollama",
+    ("POST", "/api/show"): "ollama",
+}
+"""Inference routes that need no routing decision: any healthy backend serves them, under
+the same keys, body limits and admission as generation."""
+
+STORED_RESPONSE = "stored_response"
+"""`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: to the response's home."""
+
+_RESPONSES_PREFIX = "/v1/responses/"
+
+
+def stored_response_id(method: str, path: str) -> str | None:
+    """The response id of a retrieval or cancel path, else None."""
+    if not path.startswith(_RESPONSES_PREFIX):
+        return None
+    rest = path[len(_RESPONSES_PREFIX) :]
+    if method == "GET" and rest and "/" not in rest:
+        return rest
+    if method == "POST" and rest.endswith("/cancel"):
+        response_id = rest[: -len("/cancel")]
+        return response_id if response_id and "/" not in response_id else None
+    return None
+
+
+def find_route(method: str, path: str) -> Route | None:
+    """The route a request takes, or None when the proxy's own app answers it."""
+    if method == "POST":
+        kind = GENERATION.get(path)
+        if kind is not None:
+            return Route(kind, path, True)
+    kind = FORWARDED.get((method, path))
+    if kind is not None:
+        return Route(kind, path, False)
+    if stored_response_id(method, path) is not None:
+        return Route(STORED_RESPONSE, path, False)
+    return None
+
+
+class ResponsesFields(msgspec.Struct, kw_only=True):
+    """OpenAI's Responses API: `input` checked for presence only (kept raw); `model` may be
+    absent (the server's model)."""
+
+    input: msgspec.Raw
+    model: str | None = None
+    stream: bool | None = False
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    previous_response_id: str | None = None
+
+
+class MessagesFields(msgspec.Struct, kw_only=True):
+    """Anthropic's Messages API: `max_tokens` is required, as Anthropic requires it."""
+
+    model: str
+    messages: msgspec.Raw
+    max_tokens: int
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
+class ForwardFields(msgspec.Struct, kw_only=True):
+    """A forwarded route: only the model, to find a backend that serves it."""
+
+    model: str | None = None
