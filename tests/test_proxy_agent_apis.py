@@ -78,7 +78,8 @@ def _respond(server: Server, stream: bool, previous: str | None = None) -> tuple
                 deltas.append(event.delta)
             elif event.type in ("response.completed", "response.incomplete"):
                 final = event.response
-    assert final is not None and final.usage is not None
+    assert final is not None
+    assert final.usage is not None
     assert "".join(deltas) == final.output_text
     return final.id, final.output_text, final.usage.output_tokens
 
