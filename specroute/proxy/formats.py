@@ -155,12 +155,16 @@ class EventStreamRelay(StreamRelay):
     def error_tail(self, exc: SpecrouteError) -> bytes:
         """The stream's end on a failure, in its own format's error event."""
         if self._api == "responses":
+            # The Responses API's error event, plus the `error` object on which OpenAI's
+            # SDKs raise rather than hand the event on.
+            code = exc.code or exc.error_type
             data = {
                 "type": "error",
-                "code": exc.code or exc.error_type,
+                "code": code,
                 "message": exc.message,
                 "param": None,
                 "sequence_number": self._sequence + 1,
+                "error": {"type": exc.error_type, "code": code, "message": exc.message},
             }
             return b"event: error\ndata: " + _encode(data) + b"\n\n"
         return (

@@ -131,7 +131,7 @@ class Reply:
             await self._relay(self.stream, upstream, clock)
             tail = self.stream.rest()
             if not self.stream.saw_done:
-                raise StreamBroken("stream ended before [DONE]")
+                raise StreamBroken("stream ended before its last event")
         except UpstreamFailure as exc:
             if self.committed:
                 self.error = str(exc)

@@ -1,0 +1,138 @@
+"""A Responses or Messages stream that breaks after its first events ends, through the proxy,
+with that API's own error event (not chat's `data: {"error"}` and `[DONE]`), which its official
+client raises; a break before the first byte is retried on another backend unseen."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from inprocess import MODEL, Handler, Send, Upstream, proxy, stream_of
+
+from specroute.sse import SSEDecoder
+
+
+def _named(kind: str, data: dict[str, object]) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+
+RESPONSE_START = [
+    _named("response.created", {"sequence_number": 0, "response": {"id": "resp_1"}}),
+    _named("response.output_item.added", {"sequence_number": 1, "output_index": 0}),
+    _named("response.output_text.delta", {"sequence_number": 2, "delta": " hello"}),
+]
+MESSAGE_START = [
+    _named("message_start", {"message": {"id": "msg_1", "usage": {"input_tokens": 3}}}),
+    _named("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": " hi"}}),
+]
+
+
+def _body(api: str) -> dict[str, object]:
+    if api == "responses":
+        return {"model": MODEL, "input": "go", "stream": True}
+    return {"model": MODEL, "max_tokens": 5, "stream": True, "messages": []}
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_a_stream_broken_midway_ends_with_the_apis_own_error_event(api: str) -> None:
+    events = RESPONSE_START if api == "responses" else MESSAGE_START
+    text = asyncio.run(_through(api, stream_of(events)))  # ends without its terminal event
+    payloads = [json.loads(p) for p in SSEDecoder().feed(text.encode())]
+    assert [p["type"] for p in payloads[: len(events)]] == [
+        json.loads(e.split(b"data: ", 1)[1])["type"] for e in events
+    ]
+    assert "[DONE]" not in text
+    if api == "responses":
+        assert text.endswith("\n\n")
+        error = payloads[-1]
+        assert error["type"] == "error"
+        assert error["sequence_number"] == 3
+        assert error["code"] == "stream_interrupted"
+        assert "event: error\n" in text
+    else:
+        assert payloads[-2]["type"] == "error"
+        assert payloads[-2]["error"]["type"] == "api_error"
+        assert payloads[-1] == {"type": "message_stop"}
+
+
+def test_the_official_clients_raise_on_those_error_events() -> None:
+    import anthropic
+    import openai
+
+    async def both() -> tuple[str, str]:
+        return (
+            await _through("responses", stream_of(RESPONSE_START)),
+            await _through("messages", stream_of(MESSAGE_START)),
+        )
+
+    responses, messages = asyncio.run(both())
+    with pytest.raises(openai.APIError):
+        _replay_openai(responses)
+    with pytest.raises(anthropic.APIStatusError):
+        _replay_anthropic(messages)
+
+
+def _replay_openai(text: str) -> None:
+    import openai
+
+    transport = httpx.MockTransport(
+        lambda _: httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+    )
+    client = openai.OpenAI(
+        base_url="http://x/v1", api_key="k", http_client=httpx.Client(transport=transport)
+    )
+    for _ in client.responses.create(model=MODEL, input="go", stream=True):
+        pass
+
+
+def _replay_anthropic(text: str) -> None:
+    import anthropic
+    import httpx2  # the HTTP library this anthropic SDK is built on
+
+    transport = httpx2.MockTransport(
+        lambda _: httpx2.Response(200, text=text, headers={"content-type": "text/event-stream"})
+    )
+    client = anthropic.Anthropic(
+        base_url="http://x", api_key="k", http_client=httpx2.Client(transport=transport)
+    )
+    stream = client.messages.create(
+        model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    for _ in stream:
+        pass
+
+
+def test_a_failure_before_the_first_byte_is_retried_on_another_backend() -> None:
+    async def refuses(_: bytes, send: Send) -> None:
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 500, "headers": headers})
+        await send({"type": "http.response.body", "body": b'{"error":"engine died"}'})
+
+    ok = stream_of([*MESSAGE_START, _named("message_stop", {})])
+
+    async def run() -> httpx.Response:
+        async with (
+            Upstream(refuses).running() as bad,
+            Upstream(ok).running() as good,
+            proxy({"a": bad, "b": good}, policy="round_robin") as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            return await client.post("/v1/messages", json=_body("messages"))
+
+    reply = asyncio.run(run())
+    assert reply.status_code == 200
+    assert reply.headers["x-specroute-backend"] == "b"
+    assert reply.text.endswith('data: {"type": "message_stop"}\n\n')
+
+
+async def _through(api: str, handler: Handler) -> str:
+    async with (
+        Upstream(handler).running() as upstream,
+        proxy({"a": upstream}) as (url, _),
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        reply = await client.post(f"/v1/{api}", json=_body(api))
+        assert reply.status_code == 200
+        return reply.text
