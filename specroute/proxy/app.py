@@ -21,6 +21,7 @@ from litestar.handlers import BaseRouteHandler
 from specroute.config import Config
 from specroute.errors import (
     BadRequestError,
+    ModelNotFoundError,
     NoHealthyBackendError,
     NotFoundError,
     SpecrouteError,
@@ -124,6 +125,15 @@ def _handlers(state: ProxyState) -> list[Any]:
         _auth(state, request)
         return _json(model_list(state))
 
+    @get("/v1/models/{model:path}", sync_to_thread=False)
+    def one_model(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+        _auth(state, request)
+        name = model.lstrip("/")
+        for card in model_list(state)["data"]:
+            if card.get("id") == name:
+                return _json(card)
+        raise ModelNotFoundError(f"The model `{name}` does not exist", param="model")
+
     @get(["/server_info", "/get_server_info"])
     async def get_server_info(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
@@ -169,6 +179,7 @@ def _handlers(state: ProxyState) -> list[Any]:
         ready,
         metrics,
         models,
+        one_model,
         get_server_info,
         model_info,
         pool,
@@ -196,6 +207,7 @@ class ProxyApp:
         found |= {(method, path, "client") for method, path in FORWARDED}
         found |= {("GET", "/v1/responses/{response_id}", "client")}
         found |= {("POST", "/v1/responses/{response_id}/cancel", "client")}
+        found |= {("PUT", "/generate", "client")}
         for route in self._framework.routes:
             for handler in getattr(route, "route_handlers", ()):
                 for method in sorted(getattr(handler, "http_methods", ())):

@@ -42,6 +42,7 @@ GENERATION: dict[str, str] = {
     "/generate": "generate",
     "/v1/responses": "responses",
     "/v1/messages": "messages",
+    "/invocations": "chat",  # SageMaker's chat route
 }
 """POST routes that generate: routed by the policy, learned from, retried before the first
 byte."""
@@ -65,6 +66,11 @@ FORWARDED: dict[tuple[str, str], str] = {
     ("POST", "/api/generate"): "ollama",
     ("GET", "/api/tags"): "ollama",
     ("POST", "/api/show"): "ollama",
+    ("POST", "/v1/decisions"): "score",
+    ("POST", "/v1/systemone"): "score",
+    ("POST", "/vertex_generate"): "vertex",
+    ("POST", "/parse_function_call"): "parse",
+    ("POST", "/separate_reasoning"): "parse",
 }
 """Inference routes that need no routing decision: any healthy backend serves them, under
 the same keys, body limits and admission as generation."""
@@ -90,7 +96,7 @@ def stored_response_id(method: str, path: str) -> str | None:
 
 def find_route(method: str, path: str) -> Route | None:
     """The route a request takes, or None when the proxy's own app answers it."""
-    if method == "POST":
+    if method == "POST" or (method == "PUT" and path == "/generate"):
         kind = GENERATION.get(path)
         if kind is not None:
             return Route(kind, path, True)
