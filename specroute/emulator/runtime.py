@@ -240,10 +240,12 @@ class Emulator:
             **extra,
         )
 
-    def stream(self, job: Job, chunks: AsyncIterator[bytes]) -> Stream:
+    def stream(
+        self, job: Job, chunks: AsyncIterator[bytes], media_type: str = "text/event-stream"
+    ) -> Stream:
         # The background task releases the job even if the stream never started.
         release = BackgroundTask(self.driver.release, job)
-        return Stream(chunks, media_type="text/event-stream", background=release)
+        return Stream(chunks, media_type=media_type, background=release)
 
     async def answer(
         self, request: Request[Any, Any, Any], job: Job, body: Callable[[], bytes]

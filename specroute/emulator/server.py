@@ -15,7 +15,7 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post, route
 from litestar.di import Provide
 
-from specroute.emulator import info
+from specroute.emulator import info, ollama, tokenizer_api
 from specroute.emulator.agents import AgentApis
 from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import EmulatorOptions
@@ -84,6 +84,58 @@ class AgentRoutes(Controller):
         self, request: Request[Any, Any, Any], agents: AgentApis
     ) -> Response[bytes]:
         return await agents.count_tokens(request)
+
+
+class SideRoutes(Controller):
+    """Tokenizer routes and Ollama's API (`tokenizer_api`, `ollama`)."""
+
+    @post(["/v1/tokenize", "/tokenize"], status_code=200)
+    async def tokenize(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[bytes]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=tokenizer_api.TokenizeRequest)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+        return json_response(tokenizer_api.tokenize(req, emu.context_length))
+
+    @post(["/v1/detokenize", "/detokenize"], status_code=200)
+    async def detokenize(self, request: Request[Any, Any, Any]) -> Response[bytes]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=tokenizer_api.DetokenizeRequest)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+        return json_response(tokenizer_api.detokenize(req))
+
+    @post(["/api/chat", "/api/generate"], status_code=200)
+    async def ollama_generation(
+        self, request: Request[Any, Any, Any], emu: Emulator
+    ) -> Response[Any]:
+        chat = request.url.path == "/api/chat"
+        kind: type[ollama.OllamaChat | ollama.OllamaGenerate] = (
+            ollama.OllamaChat if chat else ollama.OllamaGenerate
+        )
+        try:
+            req = msgspec.json.decode(await request.body(), type=kind)
+        except msgspec.DecodeError as exc:
+            return json_response({"detail": str(exc)}, 422)
+        plan = ollama.ollama_plan(req, emu.context_length)
+        job = emu.submit(None, plan, stream=req.stream)
+        reply = emu.reply(job, plan, emu.served)
+        if req.stream:
+            lines = ollama.ollama_lines(emu.responder, reply, chat)
+            return emu.stream(job, lines, media_type=ollama.NDJSON)
+        return await emu.answer(request, job, lambda: ollama.chat_line(reply, chat))
+
+    @get("/api/tags", sync_to_thread=False)
+    def ollama_tags(self, emu: Emulator) -> Response[bytes]:
+        return json_response(ollama.tags(emu.served))
+
+    @post("/api/show", status_code=200)
+    async def ollama_show(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[bytes]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=ollama.ShowRequest)
+        except msgspec.DecodeError as exc:
+            return json_response({"detail": str(exc)}, 422)
+        return json_response(ollama.show(req.model, emu.context_length))
 
 
 class InfoRoutes(Controller):
@@ -207,7 +259,7 @@ def build(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
         return agents
 
     app = Litestar(
-        route_handlers=[GenerationRoutes, AgentRoutes, InfoRoutes, ControlRoutes],
+        route_handlers=[GenerationRoutes, AgentRoutes, SideRoutes, InfoRoutes, ControlRoutes],
         dependencies={
             "emu": Provide(provide, use_cache=True, sync_to_thread=False),
             "agents": Provide(provide_agents, use_cache=True, sync_to_thread=False),

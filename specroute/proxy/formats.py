@@ -13,8 +13,8 @@ import msgspec
 
 from specroute.errors import SpecrouteError, error_body
 from specroute.pool import StreamBroken
-from specroute.proxy.intake import Extras
-from specroute.proxy.reply import ReplyMeter, StreamRelay
+from specroute.proxy.chunks import ReplyMeter, StreamRelay
+from specroute.proxy.fields import Extras
 
 __all__ = [
     "EVENT_APIS",

@@ -8,9 +8,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
-
-import msgspec
 
 from specroute.errors import (
     PayloadTooLargeError,
@@ -20,15 +17,15 @@ from specroute.errors import (
     StreamInterruptedError,
     UpstreamTimeoutError,
     error_body,
-    error_event,
 )
 from specroute.pool import Stalled, StreamBroken, TimedOut, UpstreamFailure, UpstreamResponse
 from specroute.proxy.bodies import BODY_MEMORY_FULL
-from specroute.proxy.intake import Extras, Send
+from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.fields import Extras
+from specroute.proxy.intake import Send
 from specroute.proxy.stalls import HEARTBEAT, ClientTransport, SendWatch, StreamClock
-from specroute.sse import DONE, SSESplitter
 
-__all__ = ["Reply", "ReplyMeter", "StreamRelay", "shutting_down", "strip_reply"]
+__all__ = ["Reply", "shutting_down"]
 
 Headers = list[tuple[bytes, bytes]]
 _TICK_S = 0.001  # a wait that ends this close to the limit has reached it
@@ -110,6 +107,23 @@ class Reply:
         self.committed = self.finished = True
         await self._send({"type": "http.response.start", "status": self.status, "headers": start})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def send_passthrough(
+        self, upstream: UpstreamResponse, headers: Headers, idle_s: float
+    ) -> None:
+        """A forwarded route's reply, its status and bytes passed on as they come (Ollama's
+        newline-delimited JSON streams too), each read within `idle_s`."""
+        self.status = upstream.status
+        start = [(b"content-type", upstream.content_type), *headers]
+        self.committed = True
+        await self._send({"type": "http.response.start", "status": self.status, "headers": start})
+        try:
+            while (data := await upstream.next_chunk(idle_s)) is not None:
+                await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            self.finished = True
+            if not self.client_gone:
+                await self._send({"type": "http.response.body", "body": b""})
 
     async def send_stream(
         self,
@@ -228,178 +242,3 @@ def _stream_failure(exc: UpstreamFailure) -> SpecrouteError:
     if isinstance(exc, TimedOut):
         return UpstreamTimeoutError(f"backend stream stalled: {exc}")
     return StreamInterruptedError(f"backend stream interrupted: {exc}")
-
-
-# Reading what comes back -------------------------------------------------------------------
-
-
-class Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-class SpecDetails(msgspec.Struct):
-    spec_verify_ct: int | None = None
-    spec_accept_length: float | None = None
-
-
-class SglExt(msgspec.Struct):
-    spec_tokens_details: SpecDetails | None = None
-
-
-class MetaInfo(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    spec_verify_ct: int | None = None
-    spec_accept_length: float | None = None
-
-
-class Chunk(msgspec.Struct):
-    choices: list[msgspec.Raw] = []
-    usage: Usage | None = None
-    sglext: SglExt | None = None
-    meta_info: MetaInfo | None = None
-    error: msgspec.Raw = msgspec.Raw()
-
-
-_chunk = msgspec.json.Decoder(Chunk)
-_any = msgspec.json.Decoder(dict[str, Any])
-
-
-class ReplyMeter:
-    """Tokens and speculative statistics seen in a reply (streamed or whole)."""
-
-    __slots__ = (
-        "accept_length",
-        "completion_tokens",
-        "error",
-        "prompt_tokens",
-        "response_id",
-        "verify_ct",
-    )
-
-    def __init__(self) -> None:
-        self.response_id: str | None = None
-        """A Responses API reply's id: the backend that made it stores it."""
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-        self.verify_ct: int | None = None
-        self.accept_length: float | None = None
-        self.error: str | None = None
-
-    def take(self, chunk: Chunk) -> None:
-        if chunk.usage is not None:
-            self.prompt_tokens = chunk.usage.prompt_tokens
-            self.completion_tokens = chunk.usage.completion_tokens
-        details = chunk.sglext.spec_tokens_details if chunk.sglext else None
-        if details is not None:
-            self.verify_ct = details.spec_verify_ct
-            self.accept_length = details.spec_accept_length
-        meta = chunk.meta_info
-        if meta is not None:
-            self.prompt_tokens = meta.prompt_tokens
-            self.completion_tokens = meta.completion_tokens
-            self.verify_ct = meta.spec_verify_ct
-            self.accept_length = meta.spec_accept_length
-        error = bytes(chunk.error)
-        if error and error != b"null":
-            self.error = error.decode("utf-8", "replace")[:200]
-
-
-def _interesting(payload: bytes) -> bool:
-    return (
-        b'"usage"' in payload
-        or b'"sglext"' in payload
-        or b'"meta_info"' in payload
-        or b'"error"' in payload
-    )
-
-
-class StreamRelay:
-    """Feed upstream bytes; get back the bytes to forward (whole events only)."""
-
-    __slots__ = (
-        "_extras",
-        "_last",
-        "_splitter",
-        "_started",
-        "chunks",
-        "gaps",
-        "meter",
-        "saw_done",
-        "ttft",
-    )
-
-    def __init__(self, extras: Extras, started: float) -> None:
-        self._extras = extras
-        self._splitter = SSESplitter()
-        self._started = started
-        self._last: float | None = None
-        self.chunks = 0
-        self.gaps: list[float] = []
-        self.ttft: float | None = None
-        self.meter = ReplyMeter()
-        self.saw_done = False
-
-    def feed(self, data: bytes, now: float) -> bytes:
-        out = [event for event, payload in self._splitter.feed(data) if self._keep(payload, now)]
-        return b"".join(out) if len(out) != 1 else out[0]
-
-    def rest(self) -> bytes:
-        """An unterminated tail at the end of the stream, passed on as it came."""
-        return self._splitter.rest()
-
-    def error_tail(self, exc: SpecrouteError) -> bytes:
-        """The stream's end on a failure: the error as one event, then `[DONE]`."""
-        return error_event(exc)
-
-    def _keep(self, payload: bytes | None, now: float) -> bool:
-        if payload is None:
-            return True  # comments, `event:` lines and other non-data events pass untouched
-        if payload == DONE:
-            self.saw_done = True
-            return True
-        if payload[:1] != b"{" or payload[-1:] != b"}":  # torn or garbled: clients cannot parse it
-            raise StreamBroken(f"backend sent a malformed event: {payload[:40]!r}")
-        chunk = _decode(payload) if _interesting(payload) else None
-        if chunk is not None:
-            self.meter.take(chunk)
-        if chunk is None or chunk.choices or chunk.meta_info is not None:
-            self._tick(now)
-            return True
-        extra_usage = chunk.usage is not None
-        extra_sglext = chunk.sglext is not None
-        if not (extra_usage or extra_sglext):
-            return True
-        return not (
-            (not extra_usage or self._extras.strip_usage)
-            and (not extra_sglext or self._extras.strip_sglext)
-        )
-
-    def _tick(self, now: float) -> None:
-        self.chunks += 1
-        if self._last is None:
-            self.ttft = now - self._started
-        else:
-            self.gaps.append(now - self._last)
-        self._last = now
-
-
-def _decode(payload: bytes) -> Chunk | None:
-    try:
-        return _chunk.decode(payload)
-    except msgspec.DecodeError:
-        return None
-
-
-def strip_reply(body: bytes, extras: Extras, meter: ReplyMeter) -> bytes:
-    """A whole (non-streamed) reply: measure it, and remove `sglext` if the client did not ask."""
-    chunk = _decode(body)
-    if chunk is None:
-        return body
-    meter.take(chunk)
-    if not (extras.strip_sglext and chunk.sglext is not None):
-        return body
-    data = _any.decode(body)
-    data.pop("sglext", None)
-    return msgspec.json.encode(data)

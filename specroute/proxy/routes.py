@@ -3,24 +3,16 @@ policy (generation: chat, completions, native generate, OpenAI Responses, Anthro
 pinned to the backend that stores a response (`/v1/responses/{id}`), or forwarded to any
 healthy backend (embeddings, tokenizer, scoring, Ollama's). SGLang's administrative routes
 are never forwarded: they are not listed here, so the client port answers them 404.
-
-The routing fields of the Responses and Messages bodies are decoded here too: only what a
-policy reads (`intake.RoutingFields` holds chat's and completions').
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-import msgspec
-
 __all__ = [
     "FORWARDED",
     "GENERATION",
     "STORED_RESPONSE",
-    "ForwardFields",
-    "MessagesFields",
-    "ResponsesFields",
     "Route",
     "find_route",
     "stored_response_id",
@@ -106,35 +98,3 @@ def find_route(method: str, path: str) -> Route | None:
     if stored_response_id(method, path) is not None:
         return Route(STORED_RESPONSE, path, False)
     return None
-
-
-class ResponsesFields(msgspec.Struct, kw_only=True):
-    """OpenAI's Responses API: `input` checked for presence only (kept raw); `model` may be
-    absent (the server's model)."""
-
-    input: msgspec.Raw
-    model: str | None = None
-    stream: bool | None = False
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    previous_response_id: str | None = None
-
-
-class MessagesFields(msgspec.Struct, kw_only=True):
-    """Anthropic's Messages API: `max_tokens` is required, as Anthropic requires it."""
-
-    model: str
-    messages: msgspec.Raw
-    max_tokens: int
-    stream: bool | None = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-
-
-class ForwardFields(msgspec.Struct, kw_only=True):
-    """A forwarded route: only the model, to find a backend that serves it."""
-
-    model: str | None = None
