@@ -6,6 +6,7 @@ emulated server directly; stored responses go to the server that stores them."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -172,3 +173,47 @@ def test_count_tokens_is_forwarded(proxy: Server, direct: Server) -> None:
     args = {"model": MODEL, "messages": [{"role": "user", "content": "three words here"}]}
     proxied = _anthropic(proxy).messages.count_tokens(**args)  # type: ignore[arg-type]
     assert proxied.input_tokens == _anthropic(direct).messages.count_tokens(**args).input_tokens  # type: ignore[arg-type]
+
+
+def _post(server: Server, path: str, body: dict[str, object]) -> httpx.Response:
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    return httpx.post(server.url + path, json=body, headers=headers, timeout=30)
+
+
+def test_tokenizer_routes_are_forwarded_with_the_same_answers(
+    proxy: Server, direct: Server
+) -> None:
+    words = {"model": MODEL, "prompt": "the model read the token"}
+    tokens = _post(proxy, "/v1/tokenize", words)
+    assert tokens.status_code == 200
+    assert tokens.headers["x-specroute-backend"]
+    assert tokens.json() == _post(direct, "/v1/tokenize", words).json()
+    assert tokens.json()["count"] == 5
+    text = _post(proxy, "/detokenize", {"tokens": tokens.json()["tokens"]})
+    assert text.json() == {"text": " the model read the token"}
+    unkeyed = httpx.post(proxy.url + "/v1/tokenize", json=words)
+    assert unkeyed.status_code == 401
+
+
+def test_ollamas_api_is_forwarded_and_its_ndjson_stream_passes_through(
+    proxy: Server, direct: Server
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "explain this code"}],
+        "options": {"num_predict": 9, "temperature": 0},
+    }
+    whole = _post(proxy, "/api/chat", {**body, "stream": False}).json()
+    alone = _post(direct, "/api/chat", {**body, "stream": False}).json()
+    assert whole["message"] == alone["message"]
+    assert whole["eval_count"] == 9
+    lines: list[dict[str, object]] = []
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    with httpx.stream("POST", proxy.url + "/api/chat", json=body, headers=headers) as reply:
+        assert reply.headers["content-type"].startswith("application/x-ndjson")
+        lines.extend(json.loads(line) for line in reply.iter_lines() if line)
+    assert lines[-1]["done"] is True
+    streamed = "".join(line["message"]["content"] for line in lines)  # type: ignore[index]
+    assert streamed == whole["message"]["content"]
+    tags = httpx.get(proxy.url + "/api/tags", headers=headers).json()
+    assert tags["models"][0]["name"] == MODEL

@@ -25,7 +25,7 @@ class TokenizeRequest(msgspec.Struct):
 
 
 class DetokenizeRequest(msgspec.Struct):
-    tokens: list[int] | list[list[int]]
+    tokens: list[int | list[int]]
     model: str = "default"
 
 
