@@ -52,15 +52,15 @@ class AgentApis:
         if not emu.faults.admit():
             return _json(response_error(FAILED, 500), 500)
         if not _is_json(request):
-            return _json(response_error(NOT_JSON))
+            return _json(response_error(NOT_JSON), 400)
         try:
             req = msgspec.json.decode(await request.body(), type=ResponsesRequest)
         except msgspec.DecodeError as exc:
-            return _json(response_error(str(exc)))
+            return _json(response_error(str(exc)), 400)
         history: list[ChatMessage] = []
         if req.previous_response_id is not None:
             if self.store is None:
-                return _json(response_error(STORE_DISABLED, param="previous_response_id"))
+                return _json(response_error(STORE_DISABLED, param="previous_response_id"), 400)
             previous = self.store.get(req.previous_response_id)
             if previous is None:
                 return _json(not_found(req.previous_response_id), 404)
@@ -71,7 +71,7 @@ class AgentApis:
         try:
             plan = chat_plan(chat, served=emu.served, context=emu.context_length)
         except Rejected as exc:
-            return _json(response_error(str(exc)))
+            return _json(response_error(str(exc)), 400)
         job = emu.submit(req.request_id, plan, stream=bool(req.stream))
         reply = emu.reply(job, plan, req.model or emu.served)
 
@@ -105,12 +105,12 @@ class AgentApis:
 
     def _stored(self, response_id: str) -> StoredResponse | Response[bytes]:
         if self.store is None:
-            return _json(response_error(STORE_DISABLED, param="response_id"))
+            return _json(response_error(STORE_DISABLED, param="response_id"), 400)
         if not response_id.startswith("resp_"):
             message = (
                 f"Invalid 'response_id': '{response_id}'. Expected an ID that begins with 'resp'."
             )
-            return _json(response_error(message, param="response_id"))
+            return _json(response_error(message, param="response_id"), 400)
         found = self.store.get(response_id)
         return _json(not_found(response_id), 404) if found is None else found
 
