@@ -217,3 +217,11 @@ def test_ollamas_api_is_forwarded_and_its_ndjson_stream_passes_through(
     assert streamed == whole["message"]["content"]
     tags = httpx.get(proxy.url + "/api/tags", headers=headers).json()
     assert tags["models"][0]["name"] == MODEL
+
+
+def test_an_embedding_request_gets_the_backends_own_refusal(proxy: Server, direct: Server) -> None:
+    body = {"model": MODEL, "input": "a generative model has no embeddings"}
+    through = _post(proxy, "/v1/embeddings", body)
+    assert through.status_code == 400
+    assert through.json() == _post(direct, "/v1/embeddings", body).json()
+    assert "--is-embedding" in through.json()["message"]

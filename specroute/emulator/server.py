@@ -31,6 +31,10 @@ FLUSHED = (
     b"waiting requests, the operation will not be performed.)\n"
 )
 HEALTH_TIMEOUT = 20.0
+NOT_EMBEDDING = (
+    "This model does not appear to be an embedding model by default. Please add `--is-embedding` "
+    "when launching the server or try another model."
+)
 
 
 class AbortRequest(msgspec.Struct):
@@ -104,6 +108,17 @@ class SideRoutes(Controller):
         except msgspec.DecodeError as exc:
             return openai_error(str(exc), kind="Bad Request")
         return json_response(tokenizer_api.detokenize(req))
+
+    @route(
+        ["/v1/embeddings", "/v1/classify", "/encode", "/classify"],
+        http_method=["POST", "PUT"],
+        status_code=400,
+        sync_to_thread=False,
+    )
+    def embeddings(self) -> Response[bytes]:
+        """An emulated server is a generative model: SGLang's tokenizer manager refuses
+        embedding requests to one (`TokenizerManager._validate_one_request`)."""
+        return openai_error(NOT_EMBEDDING)
 
     @post(["/api/chat", "/api/generate"], status_code=200)
     async def ollama_generation(

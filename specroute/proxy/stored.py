@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from specroute.errors import NoHealthyBackendError, NotFoundError
+from specroute.errors import NoHealthyBackendError, NotFoundError, SpecrouteError
 from specroute.pool import Backend, Pool, UpstreamClient, UpstreamFailure
 
 __all__ = ["HOMES_MAX", "ResponseHomes", "gone", "locate"]
@@ -43,11 +43,17 @@ class ResponseHomes:
         return backend
 
 
-def gone(response_id: str, backend: str | None, pool: Pool) -> NotFoundError | None:
+def gone(response_id: str, backend: str | None, pool: Pool) -> SpecrouteError | None:
     """Why `response_id` cannot be reached at `backend`, or None when it can: a 404 when no
-    backend holds it or its backend left the pool, a 503 while its backend is unhealthy
-    (draining, restarting, failing checks), since the response may still be there after."""
+    backend holds it or its backend left the pool, a 503 while its backend (or, for an id
+    nobody claimed, every backend) is unhealthy (restarting, failing checks): the response may
+    be there again after. A backend held for draining is healthy: it still has them."""
     param = "previous_response_id"
+    if backend is None and not pool.healthy():
+        return NoHealthyBackendError(
+            f"Response with id '{response_id}' cannot be looked for: no healthy backend.",
+            retry_after=1,
+        )
     if backend is None:
         return NotFoundError(
             f"Response with id '{response_id}' not found on any healthy backend.", param=param
@@ -61,7 +67,7 @@ def gone(response_id: str, backend: str | None, pool: Pool) -> NotFoundError | N
             code="response_backend_gone",
         )
     if found not in pool.healthy():
-        raise NoHealthyBackendError(
+        return NoHealthyBackendError(
             f"Response with id '{response_id}' is stored by backend {backend}, which is not "
             "healthy now (draining, restarting or failing its checks); retry later.",
             retry_after=1,
