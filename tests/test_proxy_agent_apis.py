@@ -225,3 +225,10 @@ def test_an_embedding_request_gets_the_backends_own_refusal(proxy: Server, direc
     assert through.status_code == 400
     assert through.json() == _post(direct, "/v1/embeddings", body).json()
     assert "--is-embedding" in through.json()["message"]
+
+
+def test_one_model_is_retrieved_from_the_pool(proxy: Server) -> None:
+    client = _openai(proxy)
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import structlog
@@ -17,6 +17,7 @@ from litestar import Litestar, Request, Response, get, put
 from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
+from litestar.params import PathParameter
 
 from specroute.config import Config
 from specroute.errors import (
@@ -126,7 +127,9 @@ def _handlers(state: ProxyState) -> list[Any]:
         return _json(model_list(state))
 
     @get("/v1/models/{model:path}", sync_to_thread=False)
-    def one_model(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+    def one_model(
+        request: Request[Any, Any, Any], model: Annotated[str, PathParameter()]
+    ) -> Response[bytes]:
         _auth(state, request)
         name = model.lstrip("/")
         for card in model_list(state)["data"]:
