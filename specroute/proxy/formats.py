@@ -182,4 +182,4 @@ def anthropic_error_body(exc: SpecrouteError) -> bytes:
 
 def render_error(api: str, exc: SpecrouteError) -> bytes:
     """A whole error reply in the shape the route's clients parse."""
-    return anthropic_error_body(exc) if api == "messages" else error_body(exc)
+    return anthropic_error_body(exc) if api in ("messages", "count_tokens") else error_body(exc)

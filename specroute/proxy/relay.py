@@ -105,7 +105,7 @@ class Relay:
         ex = Exchange(route.kind, request_id(header(scope, b"x-request-id")), state.policy, send)
         ex.method, ex.path, ex.generates = scope["method"], route.path, route.generates
         reply = ex.reply
-        if route.kind == "messages":
+        if route.kind in ("messages", "count_tokens"):  # Anthropic's clients
             reply.render_error = partial(render_error, route.kind)
         signal = disconnect_signal(scope)
         reply.transport = signal.transport if signal is not None else None
