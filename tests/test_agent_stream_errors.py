@@ -136,3 +136,39 @@ async def _through(api: str, handler: Handler) -> str:
         reply = await client.post(f"/v1/{api}", json=_body(api))
         assert reply.status_code == 200
         return reply.text
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_a_stream_ended_by_shutdown_gets_the_apis_error_event(api: str) -> None:
+    events = RESPONSE_START if api == "responses" else MESSAGE_START
+
+    async def run() -> str:
+        sent, release = asyncio.Event(), asyncio.Event()
+
+        async def holds(_: bytes, send: Send) -> None:
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"".join(events), "more_body": True})
+            sent.set()
+            await release.wait()  # the rest never comes before the shutdown
+            await send({"type": "http.response.body", "body": b""})
+
+        async with (
+            Upstream(holds).running() as upstream,
+            proxy({"a": upstream}) as (url, app),
+            httpx.AsyncClient(base_url=url) as client,
+            client.stream("POST", f"/v1/{api}", json=_body(api)) as reply,
+        ):
+            chunks = reply.aiter_bytes()
+            first = await anext(chunks)  # the stream is under way at the client
+            await sent.wait()
+            await app.drain(0.0)
+            release.set()
+            return (first + b"".join([chunk async for chunk in chunks])).decode()
+
+    text = asyncio.run(run())
+    payloads = [json.loads(p) for p in SSEDecoder().feed(text.encode())]
+    error = payloads[-1] if api == "responses" else payloads[-2]
+    assert error["type"] == "error"
+    message = error["message"] if api == "responses" else error["error"]["message"]
+    assert message == "proxy is shutting down"
