@@ -9,6 +9,7 @@ import asyncio
 import re
 from pathlib import Path
 from typing import NamedTuple
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -130,3 +131,28 @@ def test_the_list_matches_sglangs_own_app_where_sglang_is_installed() -> None:
     listed = {(r.method, r.path) for r in ROUTES if r.method != "HEAD"}
     conditional = {("POST", "/dumper/{method}")}  # only with DUMPER_SERVER_PORT=reuse
     assert registered - conditional == listed - conditional
+
+
+def test_a_response_id_cannot_steer_a_request_to_another_backend_path() -> None:
+    """Ids go into upstream paths (`/v1/responses/{id}`): only plain ones are looked for."""
+    crafted = ["../../flush_cache", "..", "a?b=1", "x%2F..%2Fflush_cache", "resp_1/../../x"]
+
+    async def run() -> tuple[list[tuple[str, str]], list[int]]:
+        backend = Recording()
+        statuses = []
+        async with (
+            backend.running(),
+            proxy({"a": backend}) as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            for given in crafted:
+                body = {"input": "hi", "previous_response_id": given}
+                reply = await client.post("/v1/responses", json=body)
+                statuses.append(reply.status_code)
+                path = f"/v1/responses/{quote(given, safe='')}"  # all of it in the id
+                statuses.append((await client.get(path)).status_code)
+        return backend.seen, statuses
+
+    seen, statuses = asyncio.run(run())
+    assert set(statuses) == {404}
+    assert not [path for _, path in seen if "responses" in path or "flush" in path]

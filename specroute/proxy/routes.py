@@ -7,6 +7,7 @@ are never forwarded: they are not listed here, so the client port answers them 4
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "STORED_RESPONSE",
     "Route",
     "find_route",
+    "plain_response_id",
     "stored_response_id",
 ]
 
@@ -71,6 +73,14 @@ STORED_RESPONSE = "stored_response"
 """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: to the response's home."""
 
 _RESPONSES_PREFIX = "/v1/responses/"
+_RESPONSE_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""A response id as SGLang makes them (`resp_` and hex): it goes into upstream paths, so no
+dots, slashes, percent signs or query characters."""
+
+
+def plain_response_id(given: str) -> bool:
+    """Whether `given` may be a response id (and so may go into an upstream path)."""
+    return _RESPONSE_ID.fullmatch(given) is not None
 
 
 def stored_response_id(method: str, path: str) -> str | None:
@@ -78,12 +88,13 @@ def stored_response_id(method: str, path: str) -> str | None:
     if not path.startswith(_RESPONSES_PREFIX):
         return None
     rest = path[len(_RESPONSES_PREFIX) :]
-    if method == "GET" and rest and "/" not in rest:
-        return rest
-    if method == "POST" and rest.endswith("/cancel"):
+    if method == "GET":
+        response_id = rest
+    elif method == "POST" and rest.endswith("/cancel"):
         response_id = rest[: -len("/cancel")]
-        return response_id if response_id and "/" not in response_id else None
-    return None
+    else:
+        return None
+    return response_id if plain_response_id(response_id) else None
 
 
 def find_route(method: str, path: str) -> Route | None:

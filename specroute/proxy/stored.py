@@ -12,6 +12,7 @@ from collections import OrderedDict
 
 from specroute.errors import NoHealthyBackendError, NotFoundError, SpecrouteError
 from specroute.pool import Backend, Pool, UpstreamClient, UpstreamFailure
+from specroute.proxy.routes import plain_response_id
 
 __all__ = ["HOMES_MAX", "ResponseHomes", "gone", "locate"]
 
@@ -49,6 +50,8 @@ def gone(response_id: str, backend: str | None, pool: Pool) -> SpecrouteError | 
     nobody claimed, every backend) is unhealthy (restarting, failing checks): the response may
     be there again after. A backend held for draining is healthy: it still has them."""
     param = "previous_response_id"
+    if not plain_response_id(response_id):
+        return NotFoundError(f"Response with id '{response_id[:128]}' not found.", param=param)
     if backend is None and not pool.healthy():
         return NoHealthyBackendError(
             f"Response with id '{response_id}' cannot be looked for: no healthy backend.",
@@ -76,9 +79,10 @@ def gone(response_id: str, backend: str | None, pool: Pool) -> SpecrouteError | 
 
 
 async def locate(response_id: str, pool: Pool, client: UpstreamClient) -> str | None:
-    """The healthy backend that answers 200 for `response_id`, asked all at once."""
+    """The healthy backend that answers 200 for `response_id`, asked all at once (only for an
+    id that is plain letters, digits, `_` and `-`: it goes into their paths)."""
     backends = pool.healthy()
-    if not backends:
+    if not backends or not plain_response_id(response_id):
         return None
     tasks = [asyncio.ensure_future(_holds(b, response_id, client)) for b in backends]
     try:
