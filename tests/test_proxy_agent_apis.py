@@ -159,6 +159,9 @@ def test_messages_take_the_key_in_x_api_key_and_refuse_a_wrong_one_in_anthropic_
     good = httpx.post(proxy.url + "/v1/messages", json=body, headers={"x-api-key": API_KEY})
     assert good.status_code == 200
     assert good.headers["x-specroute-backend"]
+    models = httpx.get(proxy.url + "/v1/models", headers={"x-api-key": API_KEY})
+    assert models.status_code == 200
+    assert httpx.get(proxy.url + "/v1/models", headers={"x-api-key": "nope"}).status_code == 401
     bad = httpx.post(proxy.url + "/v1/messages", json=body, headers={"x-api-key": "nope"})
     assert bad.status_code == 401
     assert bad.json()["type"] == "error"

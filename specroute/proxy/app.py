@@ -30,7 +30,7 @@ from specroute.errors import (
 )
 from specroute.policies import UnknownPolicyError, available, create
 from specroute.prometheus import CONTENT_TYPE
-from specroute.proxy.auth import ADMIN, PUBLIC, access_of
+from specroute.proxy.auth import ADMIN, PUBLIC, access_of, presented_key
 from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
 from specroute.proxy.openapi import openapi_config, relay_docs
@@ -99,9 +99,17 @@ def _json(data: object) -> Response[bytes]:
     return Response(msgspec.json.encode(data), media_type="application/json")
 
 
+def _key(headers: Any) -> bytes | None:
+    """The key the client presents (`Authorization`, or Anthropic's `x-api-key`)."""
+    value, api_key = headers.get("authorization"), headers.get("x-api-key")
+    return presented_key(
+        value.encode("latin-1") if value else None,
+        api_key.encode("latin-1") if api_key else None,
+    )
+
+
 def _auth(state: ProxyState, request: Request[Any, Any, Any]) -> None:
-    value = request.headers.get("authorization")
-    state.auth.check(value.encode("latin-1") if value else None)
+    state.auth.check(_key(request.headers))
 
 
 def _handlers(state: ProxyState) -> list[Any]:
@@ -267,8 +275,7 @@ def _guard(state: ProxyState) -> Any:
     route is protected by default."""
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-        value = connection.headers.get("authorization")
-        state.auth.require(access_of(handler.opt), value.encode("latin-1") if value else None)
+        state.auth.require(access_of(handler.opt), _key(connection.headers))
 
     return guard
 

@@ -21,7 +21,7 @@ from specroute.errors import (
 )
 from specroute.policies import RouteRequest
 from specroute.pool import Pool
-from specroute.proxy.auth import Auth
+from specroute.proxy.auth import Auth, presented_key
 from specroute.proxy.bodies import BodyHold
 from specroute.proxy.fields import (
     Extras,
@@ -171,11 +171,7 @@ def header(scope: Scope, name: bytes) -> bytes | None:
 def client_key(scope: Scope) -> bytes | None:
     """The client's `Authorization` header, or its `x-api-key` (Anthropic's clients send the
     key there) as a Bearer token."""
-    given = header(scope, b"authorization")
-    if given is None:
-        key = header(scope, b"x-api-key")
-        given = None if key is None else b"Bearer " + key
-    return given
+    return presented_key(header(scope, b"authorization"), header(scope, b"x-api-key"))
 
 
 def printable(value: bytes | None, limit: int) -> str | None:
