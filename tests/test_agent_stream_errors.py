@@ -89,13 +89,17 @@ def _replay_openai(text: str) -> None:
 
 def _replay_anthropic(text: str) -> None:
     import anthropic
-    import httpx2  # the HTTP library this anthropic SDK is built on
 
-    transport = httpx2.MockTransport(
-        lambda _: httpx2.Response(200, text=text, headers={"content-type": "text/event-stream"})
+    try:  # the HTTP library the anthropic SDK is built on: httpx2 from its 2.x releases
+        import httpx2 as http
+    except ImportError:
+        http = httpx  # type: ignore[no-redef]
+
+    transport = http.MockTransport(
+        lambda _: http.Response(200, text=text, headers={"content-type": "text/event-stream"})
     )
     client = anthropic.Anthropic(
-        base_url="http://x", api_key="k", http_client=httpx2.Client(transport=transport)
+        base_url="http://x", api_key="k", http_client=http.Client(transport=transport)
     )
     stream = client.messages.create(
         model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}], stream=True

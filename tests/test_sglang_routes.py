@@ -72,7 +72,7 @@ def test_the_proxy_relays_forwards_or_serves_each_route_as_listed() -> None:
 
 
 def test_admin_and_absent_routes_never_reach_a_backend_even_with_the_admin_key() -> None:
-    refused = [r for r in ROUTES if r.handling in ("admin", "absent")]
+    refused = [r for r in ROUTES if r.handling in ("admin", "absent") and r.method != "WS"]
     seen, statuses = asyncio.run(_send_all(refused))
     assert all(status in (404, 405) for status in statuses), statuses
     reached = {path for _, path in seen} & {_concrete(r.path) for r in refused}
@@ -118,8 +118,12 @@ def test_the_operators_guide_lists_every_route_the_client_port_passes_on_or_refu
 
 
 def test_the_list_matches_sglangs_own_app_where_sglang_is_installed() -> None:
-    http_server = pytest.importorskip("sglang.srt.entrypoints.http_server")
-    from fastapi.routing import APIRoute
+    pytest.importorskip("sglang")
+    try:
+        from fastapi.routing import APIRoute, APIWebSocketRoute
+        from sglang.srt.entrypoints import http_server
+    except Exception as exc:  # a server module that cannot load here: say why
+        pytest.skip(f"sglang's http_server does not import here: {exc!r}")
 
     registered = {
         (method, route.path)
@@ -128,6 +132,8 @@ def test_the_list_matches_sglangs_own_app_where_sglang_is_installed() -> None:
         for method in route.methods
         if method != "HEAD"
     }
+    sockets = [r for r in http_server.app.routes if isinstance(r, APIWebSocketRoute)]
+    registered |= {("WS", route.path) for route in sockets}
     listed = {(r.method, r.path) for r in ROUTES if r.method != "HEAD"}
     conditional = {("POST", "/dumper/{method}")}  # only with DUMPER_SERVER_PORT=reuse
     assert registered - conditional == listed - conditional
