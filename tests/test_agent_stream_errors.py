@@ -176,3 +176,29 @@ def test_a_stream_ended_by_shutdown_gets_the_apis_error_event(api: str) -> None:
     assert error["type"] == "error"
     message = error["message"] if api == "responses" else error["error"]["message"]
     assert message == "proxy is shutting down"
+
+
+def test_a_responses_stream_that_dies_in_prefill_is_retried_unseen() -> None:
+    """SGLang sends `response.created` before any token: held back, it does not commit the
+    reply, so a backend that fails before its first token is still retried."""
+    in_progress = {"sequence_number": 1, "response": {"id": "resp_1"}}
+    lifecycle = [RESPONSE_START[0], _named("response.in_progress", in_progress)]
+    completed = _named(
+        "response.completed",
+        {"sequence_number": 3, "response": {"id": "resp_2", "usage": {"output_tokens": 1}}},
+    )
+    good = [*RESPONSE_START, completed]
+
+    async def run() -> httpx.Response:
+        async with (
+            Upstream(stream_of(lifecycle)).running() as dies,
+            Upstream(stream_of(good)).running() as works,
+            proxy({"a": dies, "b": works}, policy="round_robin") as (url, _),
+            httpx.AsyncClient(base_url=url) as client,
+        ):
+            return await client.post("/v1/responses", json=_body("responses"))
+
+    reply = asyncio.run(run())
+    assert reply.status_code == 200
+    assert reply.headers["x-specroute-backend"] == "b"
+    assert reply.text == b"".join(good).decode()

@@ -109,9 +109,13 @@ def measure_whole(body: bytes, meter: ReplyMeter) -> None:
 
 class EventStreamRelay(StreamRelay):
     """A Responses or Messages stream: every event goes on as it came; tokens, the response id
-    and errors are read from it, and it has ended at its terminal event."""
+    and errors are read from it, and it has ended at its terminal event.
 
-    __slots__ = ("_api", "_ends", "_sequence", "_ticks")
+    Events before the first token (SGLang sends `response.created` and `.in_progress` at once)
+    are held back until it comes, so that a backend failing during prefill is still retried
+    unseen, as with chat; a quiet prefill still gets the headers and heartbeats in time."""
+
+    __slots__ = ("_api", "_ends", "_held", "_sequence", "_ticks")
 
     def __init__(self, api: str, extras: Extras, started: float) -> None:
         super().__init__(extras, started)
@@ -119,6 +123,20 @@ class EventStreamRelay(StreamRelay):
         self._ticks = _TICKS[api]
         self._ends = _ENDS[api]
         self._sequence = -1
+        self._held = b""
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        out = super().feed(data, now)
+        if self.ttft is None and not self.saw_done:
+            self._held += out
+            return b""
+        if self._held:
+            out, self._held = self._held + out, b""
+        return out
+
+    def rest(self) -> bytes:
+        held, self._held = self._held, b""
+        return held + super().rest()
 
     def _keep(self, payload: bytes | None, now: float) -> bool:
         if payload is None:
