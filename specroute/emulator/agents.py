@@ -57,14 +57,9 @@ class AgentApis:
             req = msgspec.json.decode(await request.body(), type=ResponsesRequest)
         except msgspec.DecodeError as exc:
             return _json(response_error(str(exc)), 400)
-        history: list[ChatMessage] = []
-        if req.previous_response_id is not None:
-            if self.store is None:
-                return _json(response_error(STORE_DISABLED, param="previous_response_id"), 400)
-            previous = self.store.get(req.previous_response_id)
-            if previous is None:
-                return _json(not_found(req.previous_response_id), 404)
-            history = previous.history
+        history = self._history(req.previous_response_id)
+        if isinstance(history, Response):
+            return history
         if req.request_id is None:
             req = msgspec.structs.replace(req, request_id=f"resp_{uuid.uuid4().hex}")
         chat = responses_api.chat_request(req, history)
@@ -92,6 +87,15 @@ class AgentApis:
             return encode(body)
 
         return await emu.answer(request, job, whole)
+
+    def _history(self, previous_id: str | None) -> list[ChatMessage] | Response[bytes]:
+        """The conversation a request continues, or SGLang's refusal."""
+        if previous_id is None:
+            return []
+        if self.store is None:
+            return _json(response_error(STORE_DISABLED, param="previous_response_id"), 400)
+        previous = self.store.get(previous_id)
+        return _json(not_found(previous_id), 404) if previous is None else previous.history
 
     def retrieve_response(self, response_id: str) -> Response[bytes]:
         found = self._stored(response_id)
