@@ -196,6 +196,9 @@ def test_tokenizer_routes_are_forwarded_with_the_same_answers(
     assert text.json() == {"text": " the model read the token"}
     unkeyed = httpx.post(proxy.url + "/v1/tokenize", json=words)
     assert unkeyed.status_code == 401
+    metrics = httpx.get(proxy.url + "/metrics").text
+    assert 'route="tokenize"' in metrics
+    assert 'workload_class="tokenize"' not in metrics  # not a class of generation
 
 
 def test_ollamas_api_is_forwarded_and_its_ndjson_stream_passes_through(

@@ -101,7 +101,7 @@ class Exchange:
         ttft = reply.stream.ttft if reply.stream is not None else None
         metrics.requests.inc((self.route, backend, steps, str(reply.status)))
         if self.backend is not None:
-            if request is not None:
+            if request is not None and self.generates:  # forwarded routes have no class
                 metrics.routed.inc((self.policy.name, request.workload_class, steps))
             metrics.duration.observe((backend, steps), duration)
             if ttft is not None:
