@@ -49,16 +49,15 @@ from specroute.proxy.intake import (
     watch_disconnect,
 )
 from specroute.proxy.reply import Reply, shutting_down
-from specroute.proxy.routes import GENERATION, STORED_RESPONSE, Route, stored_response_id
+from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
 from specroute.proxy.stored import ResponseHomes, gone, locate
 
-__all__ = ["RELAY_PATHS", "Receive", "Relay", "Scope", "Send"]
+__all__ = ["Receive", "Relay", "Scope", "Send"]
 
 log = structlog.get_logger()
 
-RELAY_PATHS = GENERATION
 _upstream_error = msgspec.json.Decoder(dict[str, Any])
 
 
