@@ -49,12 +49,13 @@ $(SGLANG_STAMP): deploy/sglang-check/requirements.txt pyproject.toml
 	$(SGLANG_VENV)/bin/pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang==0.5.23
 	$(SGLANG_VENV)/bin/pip install --quiet -r deploy/sglang-check/requirements.txt
-	$(SGLANG_VENV)/bin/pip install --quiet -e .
+	$(SGLANG_VENV)/bin/pip install --quiet -e . pytest
 	@touch $(SGLANG_STAMP)
 
 .PHONY: sglang-check
 sglang-check: $(SGLANG_STAMP)
 	$(SGLANG_VENV)/bin/python -m specroute.launch.sglang_matrix
+	$(SGLANG_VENV)/bin/python -m pytest -q -rs tests/test_sglang_routes.py -k sglangs_own_app
 
 # The dashboard's browser test drives Debian's chromium (never a downloaded browser). CI runs as
 # root on a fresh machine, so `make test` installs it there; elsewhere without root the test skips.

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from servers import start_emulator
 
-from specroute.bench import PromptSettings, Sampling, SweepSettings, parse_target, run_sweep
+from specroute.bench import (
+    ApiSettings,
+    PromptSettings,
+    Sampling,
+    SweepSettings,
+    parse_target,
+    run_sweep,
+)
 from specroute.bench.loadgen import poisson_arrivals
 from specroute.cli import main
 
@@ -90,3 +97,27 @@ def test_open_loop_and_worker_processes_complete_every_request() -> None:
     assert level.summary.succeeded == 8
     assert level.client.workers == 2
     assert len({r.index for r in level.records}) == 8
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_the_bench_drives_agent_traffic_and_counts_its_tokens(api: str) -> None:
+    with start_emulator(3, "--seed", "6", "--time-scale", "10") as server:
+        settings = SweepSettings(
+            targets=[parse_target(server.url)],
+            prompts=PromptSettings(words=8),
+            mix=[Sampling(max_tokens=24)],
+            concurrency=[2],
+            requests=4,
+            warmup=0,
+            api=ApiSettings(api=api),  # type: ignore[arg-type]
+        )
+        result = asyncio.run(run_sweep(settings))
+    level = result.levels[0]
+    assert level.summary.succeeded == 4
+    for record in level.records:
+        assert record.error is None
+        assert record.completion_tokens == 24  # from the usage at the stream's end
+        assert record.token_source == "final"
+        assert record.prompt_tokens > 8
+        assert 1 < len(record.chunk_times) <= 24  # one text delta per engine iteration
+        assert record.first_token is not None

@@ -23,7 +23,7 @@ from specroute.proxy.openapi import OPENAPI_PATH
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 KEY = "sk-fuzz-test"
 AUTH = {"authorization": f"Bearer {KEY}"}
-RELAYED = ["/v1/chat/completions", "/v1/completions", "/generate"]
+RELAYED = ["/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses", "/v1/messages"]
 ROUTES = [
     *RELAYED,
     "/health",
@@ -64,21 +64,38 @@ def http(proxy: Server) -> Iterator[httpx.Client]:
         yield client
 
 
-def check_reply(status: int, content: bytes, content_type: str) -> None:
-    """A success, or an error in OpenAI's shape; a 5xx only when it is the backend's or the
-    pool's (never `internal_error`, never a bare framework page)."""
+# How each API's streams end: chat's `[DONE]`, the Responses and Messages APIs' last events.
+STREAM_ENDS = {
+    "/v1/responses": (b'"type":"response.', b'"type":"error"'),
+    "/v1/messages": (b'data: {"type":"message_stop"}',),
+}
+
+
+def check_reply(status: int, content: bytes, content_type: str, path: str = "") -> None:
+    """A success, or an error in OpenAI's shape (Anthropic's on /v1/messages); a 5xx only
+    when it is the backend's or the pool's (never an internal error, never a bare framework
+    page)."""
     if status < 400:
         if content_type.startswith("text/event-stream"):
-            assert content.rstrip().endswith(b"data: [DONE]"), content[-200:]
+            last = content.rstrip().rsplit(b"\n\n", 1)[-1]
+            ends = STREAM_ENDS.get(path, (b"data: [DONE]",))
+            assert any(end in last for end in ends), content[-200:]
         return
-    error = httpx.Response(status, content=content).json()["error"]
+    body = httpx.Response(status, content=content).json()
+    if path == "/v1/messages" and "type" in body:  # a POST: the other methods are not relayed
+        assert body["type"] == "error", content[:300]
+        assert {"type", "message"} <= set(body["error"]), content[:300]
+        assert status != 500, content[:300]
+        return
+    error = body["error"]
     assert {"message", "type", "param", "code"} <= set(error), content[:300]
     if status >= 500:
         assert error["type"] in UPSTREAM_TYPES, content[:300]
 
 
 def check(reply: httpx.Response) -> None:
-    check_reply(reply.status_code, reply.content, reply.headers.get("content-type", ""))
+    content_type = reply.headers.get("content-type", "")
+    check_reply(reply.status_code, reply.content, content_type, reply.request.url.path)
 
 
 SCALAR = (
@@ -116,6 +133,9 @@ def _request_body() -> st.SearchStrategy[dict[str, Any]]:
         "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | JSON,
         "sampling_params": st.fixed_dictionaries({"max_new_tokens": SMALL_OR_ODD_INT}) | JSON,
         "return_spec_tokens_details": st.booleans() | JSON,
+        "input": st.text(max_size=30) | MESSAGES | JSON,
+        "max_output_tokens": SMALL_OR_ODD_INT | JSON,
+        "previous_response_id": st.sampled_from(["resp_0", "x"]) | JSON,
     }
     return st.fixed_dictionaries({}, optional=fields)
 
@@ -205,7 +225,7 @@ def test_schemathesis_cases_from_the_proxys_openapi_document(proxy: Server) -> N
         content_type = (reply.headers.get("content-type") or [""])[0]  # a list per header
         if reply.is_truncated or reply.stream_cut_short:  # it reads only the start of those
             content_type = "truncated"
-        check_reply(reply.status_code, reply.content, content_type)
+        check_reply(reply.status_code, reply.content, content_type, case.path)
 
     call()
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from specroute.config import LearnConfig
 from specroute.errors import BadRequestError
-from specroute.proxy.intake import Extras, decode_fields, route_request, upstream_body
-from specroute.proxy.meter import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.fields import Extras, decode_fields, route_request, upstream_body
 
 
 def _event(data: object) -> bytes:
@@ -176,7 +176,7 @@ def test_greedy_as_sglang_decides_it(sampling: bytes, klass: str) -> None:
 )
 def test_a_wrongly_typed_field_is_named_as_openai_param(body: bytes, param: str) -> None:
     from specroute.errors import BadRequestError
-    from specroute.proxy.intake import decode_fields
+    from specroute.proxy.fields import decode_fields
 
     with pytest.raises(BadRequestError) as caught:
         decode_fields("chat", body)

@@ -71,8 +71,20 @@ class RequestRecord(msgspec.Struct, kw_only=True):
 
 
 class _Usage(msgspec.Struct):
+    """Chat's usage, or the Responses and Messages APIs' (`input_tokens`, `output_tokens`)."""
+
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def normal(self) -> _Usage:
+        """In chat's fields."""
+        if self.input_tokens is None and self.output_tokens is None:
+            return self
+        return _Usage(
+            completion_tokens=self.output_tokens or 0, prompt_tokens=self.input_tokens or 0
+        )
 
 
 class _Delta(msgspec.Struct):
@@ -95,14 +107,29 @@ class _Sglext(msgspec.Struct):
     spec_tokens_details: _Details | None = None
 
 
+class _TextDelta(msgspec.Struct):
+    text: str | None = None
+
+
+class _Whole(msgspec.Struct):
+    usage: _Usage | None = None
+
+
 class _Chunk(msgspec.Struct):
+    """A chat or completions chunk, or a Responses or Messages event (`type`, `delta`)."""
+
     choices: list[_Choice] = []
     usage: _Usage | None = None
     sglext: _Sglext | None = None
     error: Any = None
+    type: str = ""
+    delta: str | _TextDelta | None = None
+    response: _Whole | None = None
+    message: _Whole | None = None
 
 
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_TEXT_EVENTS = frozenset({"response.output_text.delta", "content_block_delta"})
 
 
 class _StreamState:
@@ -118,6 +145,9 @@ class _StreamState:
         self.final_usage: _Usage | None = None
 
     def add(self, chunk: _Chunk, at: float, record: RequestRecord) -> None:
+        if chunk.type:
+            self._add_event(chunk, at)
+            return
         text = ""
         for choice in chunk.choices:
             if choice.delta is not None:
@@ -141,6 +171,26 @@ class _StreamState:
         self.times.append(at)
         self.texts.append(text)  # estimated only if the server gives no usage: saves CPU
         self.cumulative.append(chunk.usage.completion_tokens if chunk.usage else 0)
+
+    def _add_event(self, event: _Chunk, at: float) -> None:
+        """A Responses or Messages event: text deltas are chunks, usage comes at the end."""
+        whole = event.response or event.message
+        usage = whole.usage if whole is not None and whole.usage is not None else event.usage
+        if usage is not None:
+            usage = usage.normal()
+            last = self.final_usage
+            self.final_usage = _Usage(
+                completion_tokens=usage.completion_tokens
+                or (last.completion_tokens if last else 0),
+                prompt_tokens=usage.prompt_tokens or (last.prompt_tokens if last else 0),
+            )
+        delta = event.delta
+        text = delta if isinstance(delta, str) else (delta.text if delta is not None else None)
+        if text and event.type in _TEXT_EVENTS:
+            self.continuous = False
+            self.times.append(at)
+            self.texts.append(text)
+            self.cumulative.append(0)
 
     def finish(self, record: RequestRecord) -> None:
         if self.final_usage is not None:

@@ -53,7 +53,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--api", choices=["chat", "completions"], default="chat")
+    g.add_argument(
+        "--api",
+        choices=["chat", "completions", "responses", "messages"],
+        default="chat",
+        help="the route: OpenAI chat or completions, OpenAI Responses, Anthropic Messages",
+    )
     g.add_argument("--model", help="model name (default: the first of /v1/models)")
     g.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into bodies")
     g.add_argument("--api-key")

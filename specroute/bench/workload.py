@@ -68,7 +68,9 @@ class PromptSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 class ApiSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How requests are shaped on the wire, shared by every request of a run."""
 
-    api: Literal["chat", "completions"] = "chat"
+    api: Literal["chat", "completions", "responses", "messages"] = "chat"
+    """The route: chat or text completions, OpenAI's Responses API or Anthropic's Messages API
+    (what coding agents send)."""
     model: str | None = None
     """None: the first model `/v1/models` lists."""
     extra_body: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -147,6 +149,8 @@ class Workload:
     def request(self, index: int) -> PreparedRequest:
         sampling = self._rng.choices(self._mix, weights=[s.weight for s in self._mix])[0]
         prompt = self._prompts[index % len(self._prompts)]
+        if self._api.api in ("responses", "messages"):
+            return self._agent_request(sampling, prompt)
         body: dict[str, Any] = {
             "model": self._model,
             "max_tokens": sampling.max_tokens,
@@ -168,5 +172,24 @@ class Workload:
         else:
             body["prompt"] = prompt
             path = "/v1/completions"
+        body.update(self._api.extra_body)
+        return PreparedRequest(path, msgspec.json.encode(body), sampling.name, sampling.greedy)
+
+    def _agent_request(self, sampling: Sampling, prompt: str) -> PreparedRequest:
+        """A Responses or Messages request: their streams carry usage at their end, and no
+        speculative details (SGLang has no field to ask for them there)."""
+        body: dict[str, Any] = {"model": self._model}
+        if self._api.api == "responses":
+            body |= {"input": prompt, "max_output_tokens": sampling.max_tokens}
+            path = "/v1/responses"
+        else:
+            body |= {
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": sampling.max_tokens,
+            }
+            path = "/v1/messages"
+        body |= {"temperature": sampling.temperature, "top_p": sampling.top_p, "stream": True}
+        if sampling.ignore_eos:
+            body["ignore_eos"] = True
         body.update(self._api.extra_body)
         return PreparedRequest(path, msgspec.json.encode(body), sampling.name, sampling.greedy)

@@ -89,6 +89,8 @@ def _server_flags(group: argparse._ArgumentGroup) -> None:
         help="SGLang's JSON tiers for --speculative-adaptive (default: SGLang's built-in tiers)")
     add("--api-key", default=None,
         help="require 'Authorization: Bearer KEY' (not on /health, /ready, /metrics)")
+    add("--enable-response-store", action="store_true",
+        help="keep /v1/responses results for retrieval, cancel and previous_response_id")
     add("--decode-log-interval", type=int, default=40,
         help="decode iterations between refreshes of the /metrics gauges")
 

@@ -46,6 +46,8 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     startup_s: Annotated[float, msgspec.Meta(ge=0.0)] | Literal["profile"] = 0.0
     """Emulated seconds from launch to ready; "profile": the profile's real-hardware figure."""
     api_key: str | None = None
+    enable_response_store: bool = False
+    """`--enable-response-store`: keep responses for retrieval and `previous_response_id`."""
     seed: int = 0
     time_scale: Annotated[float, msgspec.Meta(gt=0.0, le=1000.0)] = 1.0
     decode_log_interval: Count = 40

@@ -157,10 +157,10 @@ class Emulator:
             return started
         plan, job = started
         flags = _usage_flags(req.stream_options)
-        reply = self._reply(job, plan, req.model, want_spec=req.return_spec_tokens_details, **flags)
+        reply = self.reply(job, plan, req.model, want_spec=req.return_spec_tokens_details, **flags)
         if req.stream:
-            return self._stream(job, self.responder.chat_stream(reply))
-        return await self._answer(request, job, lambda: self.responder.chat_body(reply))
+            return self.stream(job, self.responder.chat_stream(reply))
+        return await self.answer(request, job, lambda: self.responder.chat_body(reply))
 
     async def completions(self, request: Request[Any, Any, Any]) -> Response[Any]:
         req = await self._decode_openai(request, CompletionRequest)
@@ -173,10 +173,10 @@ class Emulator:
         echo = req.prompt if req.echo and isinstance(req.prompt, str) else ""
         flags = _usage_flags(req.stream_options)
         want_spec = req.return_spec_tokens_details
-        reply = self._reply(job, plan, req.model, want_spec=want_spec, echo=echo, **flags)
+        reply = self.reply(job, plan, req.model, want_spec=want_spec, echo=echo, **flags)
         if req.stream:
-            return self._stream(job, self.responder.completion_stream(reply))
-        return await self._answer(request, job, lambda: self.responder.completion_body(reply))
+            return self.stream(job, self.responder.completion_stream(reply))
+        return await self.answer(request, job, lambda: self.responder.completion_body(reply))
 
     async def generate(self, request: Request[Any, Any, Any]) -> Response[Any]:
         if not self.faults.admit():
@@ -187,13 +187,13 @@ class Emulator:
             return openai_error(str(exc), kind="Bad Request")
         try:
             plan = generate_plan(req, context=self.context_length)
-            job = self._submit(req.rid, plan, stream=req.stream)
+            job = self.submit(req.rid, plan, stream=req.stream)
         except ValueError as exc:
             return json_response({"error": {"message": str(exc)}}, 400)
-        reply = self._reply(job, plan, self.served)
+        reply = self.reply(job, plan, self.served)
         if req.stream:
-            return self._stream(job, self.responder.generate_stream(reply))
-        return await self._answer(request, job, lambda: self.responder.generate_body(reply))
+            return self.stream(job, self.responder.generate_stream(reply))
+        return await self.answer(request, job, lambda: self.responder.generate_body(reply))
 
     # -- shared steps ---------------------------------------------------------------------
     async def _decode_openai(self, request: Request[Any, Any, Any], kind: type[Any]) -> Any:
@@ -214,13 +214,13 @@ class Emulator:
         """Plan and queue an OpenAI request, or the OpenAI error that refuses it."""
         try:
             plan = make_plan(req, served=self.served, context=self.context_length)
-            return plan, self._submit(req.rid, plan, stream=req.stream)
+            return plan, self.submit(req.rid, plan, stream=req.stream)
         except Rejected as exc:
             return openai_error(str(exc), kind=exc.type)
         except ValueError as exc:
             return openai_error(str(exc))
 
-    def _submit(self, rid: str | None, plan: Plan, *, stream: bool) -> Job:
+    def submit(self, rid: str | None, plan: Plan, *, stream: bool) -> Job:
         return self.driver.submit(
             rid or uuid.uuid4().hex,
             prompt_tokens=plan.prompt_tokens,
@@ -230,7 +230,7 @@ class Emulator:
             stream=stream,
         )
 
-    def _reply(self, job: Job, plan: Plan, model: str, **extra: Any) -> Reply:
+    def reply(self, job: Job, plan: Plan, model: str, **extra: Any) -> Reply:
         return Reply(
             job,
             TextSource(self.options.seed, plan.prompt_text),
@@ -240,12 +240,14 @@ class Emulator:
             **extra,
         )
 
-    def _stream(self, job: Job, chunks: AsyncIterator[bytes]) -> Stream:
+    def stream(
+        self, job: Job, chunks: AsyncIterator[bytes], media_type: str = "text/event-stream"
+    ) -> Stream:
         # The background task releases the job even if the stream never started.
         release = BackgroundTask(self.driver.release, job)
-        return Stream(chunks, media_type="text/event-stream", background=release)
+        return Stream(chunks, media_type=media_type, background=release)
 
-    async def _answer(
+    async def answer(
         self, request: Request[Any, Any, Any], job: Job, body: Callable[[], bytes]
     ) -> Response[bytes]:
         """Wait for a non-streaming job; a client that hangs up aborts it."""

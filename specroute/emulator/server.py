@@ -15,7 +15,8 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post, route
 from litestar.di import Provide
 
-from specroute.emulator import info
+from specroute.emulator import info, ollama, tokenizer_api
+from specroute.emulator.agents import AgentApis
 from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.runtime import Emulator, json_response, openai_error
@@ -30,6 +31,10 @@ FLUSHED = (
     b"waiting requests, the operation will not be performed.)\n"
 )
 HEALTH_TIMEOUT = 20.0
+NOT_EMBEDDING = (
+    "This model does not appear to be an embedding model by default. Please add `--is-embedding` "
+    "when launching the server or try another model."
+)
 
 
 class AbortRequest(msgspec.Struct):
@@ -55,6 +60,97 @@ class GenerationRoutes(Controller):
     @route("/generate", http_method=["POST", "PUT"], status_code=200)
     async def generate(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
         return await emu.generate(request)
+
+
+class AgentRoutes(Controller):
+    """OpenAI's Responses API and Anthropic's Messages API (`agents.AgentApis`)."""
+
+    @post("/v1/responses", status_code=200)
+    async def create_response(
+        self, request: Request[Any, Any, Any], agents: AgentApis
+    ) -> Response[Any]:
+        return await agents.create_response(request)
+
+    @get("/v1/responses/{response_id:str}", sync_to_thread=False)
+    def retrieve_response(self, agents: AgentApis, response_id: str) -> Response[bytes]:
+        return agents.retrieve_response(response_id)
+
+    @post("/v1/responses/{response_id:str}/cancel", status_code=200, sync_to_thread=False)
+    def cancel_response(self, agents: AgentApis, response_id: str) -> Response[bytes]:
+        return agents.cancel_response(response_id)
+
+    @post("/v1/messages", status_code=200)
+    async def messages(self, request: Request[Any, Any, Any], agents: AgentApis) -> Response[Any]:
+        return await agents.messages(request)
+
+    @post("/v1/messages/count_tokens", status_code=200)
+    async def count_tokens(
+        self, request: Request[Any, Any, Any], agents: AgentApis
+    ) -> Response[bytes]:
+        return await agents.count_tokens(request)
+
+
+class SideRoutes(Controller):
+    """Tokenizer routes and Ollama's API (`tokenizer_api`, `ollama`)."""
+
+    @post(["/v1/tokenize", "/tokenize"], status_code=200)
+    async def tokenize(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[bytes]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=tokenizer_api.TokenizeRequest)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+        return json_response(tokenizer_api.tokenize(req, emu.context_length))
+
+    @post(["/v1/detokenize", "/detokenize"], status_code=200)
+    async def detokenize(self, request: Request[Any, Any, Any]) -> Response[bytes]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=tokenizer_api.DetokenizeRequest)
+        except msgspec.DecodeError as exc:
+            return openai_error(str(exc), kind="Bad Request")
+        return json_response(tokenizer_api.detokenize(req))
+
+    @route(
+        ["/v1/embeddings", "/v1/classify", "/encode", "/classify"],
+        http_method=["POST", "PUT"],
+        status_code=400,
+        sync_to_thread=False,
+    )
+    def embeddings(self) -> Response[bytes]:
+        """An emulated server is a generative model: SGLang's tokenizer manager refuses
+        embedding requests to one (`TokenizerManager._validate_one_request`)."""
+        return openai_error(NOT_EMBEDDING)
+
+    @post(["/api/chat", "/api/generate"], status_code=200)
+    async def ollama_generation(
+        self, request: Request[Any, Any, Any], emu: Emulator
+    ) -> Response[Any]:
+        chat = request.url.path == "/api/chat"
+        kind: type[ollama.OllamaChat | ollama.OllamaGenerate] = (
+            ollama.OllamaChat if chat else ollama.OllamaGenerate
+        )
+        try:
+            req = msgspec.json.decode(await request.body(), type=kind)
+        except msgspec.DecodeError as exc:
+            return json_response({"detail": str(exc)}, 422)
+        plan = ollama.ollama_plan(req, emu.context_length)
+        job = emu.submit(None, plan, stream=req.stream)
+        reply = emu.reply(job, plan, emu.served)
+        if req.stream:
+            lines = ollama.ollama_lines(emu.responder, reply, chat)
+            return emu.stream(job, lines, media_type=ollama.NDJSON)
+        return await emu.answer(request, job, lambda: ollama.chat_line(reply, chat))
+
+    @get("/api/tags", sync_to_thread=False)
+    def ollama_tags(self, emu: Emulator) -> Response[bytes]:
+        return json_response(ollama.tags(emu.served))
+
+    @post("/api/show", status_code=200)
+    async def ollama_show(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[bytes]:
+        try:
+            req = msgspec.json.decode(await request.body(), type=ollama.ShowRequest)
+        except msgspec.DecodeError as exc:
+            return json_response({"detail": str(exc)}, 422)
+        return json_response(ollama.show(req.model, emu.context_length))
 
 
 class InfoRoutes(Controller):
@@ -169,13 +265,20 @@ def create_app(options: EmulatorOptions) -> Litestar:
 def build(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
     """The app and its runtime, for callers that must reach the runtime (signal handling)."""
     emu = Emulator(options)
+    agents = AgentApis(emu)
 
     def provide() -> Emulator:
         return emu
 
+    def provide_agents() -> AgentApis:
+        return agents
+
     app = Litestar(
-        route_handlers=[GenerationRoutes, InfoRoutes, ControlRoutes],
-        dependencies={"emu": Provide(provide, use_cache=True, sync_to_thread=False)},
+        route_handlers=[GenerationRoutes, AgentRoutes, SideRoutes, InfoRoutes, ControlRoutes],
+        dependencies={
+            "emu": Provide(provide, use_cache=True, sync_to_thread=False),
+            "agents": Provide(provide_agents, use_cache=True, sync_to_thread=False),
+        },
         middleware=[bearer_auth(options.api_key)] if options.api_key else [],
         lifespan=[emu.lifespan],
         openapi_config=None,

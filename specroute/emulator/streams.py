@@ -108,7 +108,7 @@ class Responder:
         details = spec_details(self.meta_info(reply.job)) if reply.want_spec else None
         return None if details is None else {"spec_tokens_details": details}
 
-    async def _pieces(self, reply: Reply) -> AsyncIterator[int]:
+    async def pieces(self, reply: Reply) -> AsyncIterator[int]:
         """Token counts to send, one per chunk; -1 asks for the malformed line.
 
         Runs the stream faults: after exactly `stream_limit` tokens went out (this generator
@@ -140,7 +140,7 @@ class Responder:
         )  # fmt: skip
         try:
             first = True
-            async for n in self._pieces(reply):
+            async for n in self.pieces(reply):
                 if n < 0:
                     yield MALFORMED_EVENT
                     continue
@@ -213,7 +213,7 @@ class Responder:
         )  # fmt: skip
         try:
             prefix = reply.echo
-            async for n in self._pieces(reply):
+            async for n in self.pieces(reply):
                 if n < 0:
                     yield MALFORMED_EVENT
                     continue
@@ -246,7 +246,7 @@ class Responder:
         parts: list[str] = []
         ids: list[int] = []
         try:
-            async for n in self._pieces(reply):
+            async for n in self.pieces(reply):
                 if n < 0:
                     yield MALFORMED_EVENT
                     continue

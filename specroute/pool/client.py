@@ -32,6 +32,10 @@ __all__ = [
 ]
 
 
+_URLS_CACHED = 4096
+"""Parsed upstream URLs kept: one per backend and route, not one per stored response id."""
+
+
 class UpstreamFailure(Exception):
     """A backend could not be reached or stopped answering; no HTTP status to pass on."""
 
@@ -185,7 +189,9 @@ class UpstreamClient:
         nor Content-Length."""
         target = self._urls.get(url)
         if target is None:
-            target = self._urls[url] = httpx.URL(url)
+            target = httpx.URL(url)
+            if len(self._urls) < _URLS_CACHED:  # per-id paths must not grow it without bound
+                self._urls[url] = target
         head_s = self._timeouts.first_byte_s if head_s is None else head_s
         try:
             reply = await self._pool.request(

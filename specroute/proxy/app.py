@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import structlog
@@ -18,10 +18,12 @@ from litestar import Litestar, Request, Response, get, put
 from litestar.connection import ASGIConnection
 from litestar.exceptions import HTTPException
 from litestar.handlers import BaseRouteHandler
+from litestar.params import PathParameter
 
 from specroute.config import Config
 from specroute.errors import (
     BadRequestError,
+    ModelNotFoundError,
     NoHealthyBackendError,
     NotFoundError,
     SpecrouteError,
@@ -29,13 +31,14 @@ from specroute.errors import (
 )
 from specroute.policies import UnknownPolicyError, available, create
 from specroute.prometheus import CONTENT_TYPE
-from specroute.proxy.auth import ADMIN, PUBLIC, access_of
+from specroute.proxy.auth import ADMIN, PUBLIC, access_of, presented_key
 from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
 from specroute.proxy.keyless import KeylessGate
 from specroute.proxy.openapi import openapi_config, relay_docs
 from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
-from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
+from specroute.proxy.relay import Receive, Relay, Scope, Send
+from specroute.proxy.routes import FORWARDED, GENERATION, find_route
 from specroute.proxy.state import ProxyState
 
 __all__ = ["ProxyApp", "create_app"]
@@ -98,9 +101,17 @@ def _json(data: object) -> Response[bytes]:
     return Response(msgspec.json.encode(data), media_type="application/json")
 
 
+def _key(headers: Any) -> bytes | None:
+    """The key the client presents (`Authorization`, or Anthropic's `x-api-key`)."""
+    value, api_key = headers.get("authorization"), headers.get("x-api-key")
+    return presented_key(
+        value.encode("latin-1") if value else None,
+        api_key.encode("latin-1") if api_key else None,
+    )
+
+
 def _auth(state: ProxyState, request: Request[Any, Any, Any]) -> None:
-    value = request.headers.get("authorization")
-    state.auth.check(value.encode("latin-1") if value else None)
+    state.auth.check(_key(request.headers))
 
 
 def _handlers(state: ProxyState) -> list[Any]:
@@ -124,6 +135,17 @@ def _handlers(state: ProxyState) -> list[Any]:
     def models(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
         return _json(model_list(state))
+
+    @get("/v1/models/{model:path}", sync_to_thread=False)
+    def one_model(
+        request: Request[Any, Any, Any], model: Annotated[str, PathParameter()]
+    ) -> Response[bytes]:
+        _auth(state, request)
+        name = model.lstrip("/")
+        for card in model_list(state)["data"]:
+            if card.get("id") == name:
+                return _json(card)
+        raise ModelNotFoundError(f"The model `{name}` does not exist", param="model")
 
     @get(["/server_info", "/get_server_info"])
     async def get_server_info(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -170,6 +192,7 @@ def _handlers(state: ProxyState) -> list[Any]:
         ready,
         metrics,
         models,
+        one_model,
         get_server_info,
         model_info,
         pool,
@@ -180,7 +203,7 @@ def _handlers(state: ProxyState) -> list[Any]:
 
 
 class ProxyApp:
-    """The ASGI entry point: POSTs to the relayed paths skip the framework entirely."""
+    """The ASGI entry point: the relayed routes (`routes.find_route`) skip the framework."""
 
     def __init__(self, state: ProxyState, framework: Litestar) -> None:
         self.state = state
@@ -194,7 +217,11 @@ class ProxyApp:
 
     def routes(self) -> list[tuple[str, str, str]]:
         """Every (method, path, access) served; access is `public`, `client` or `admin`."""
-        found = {("POST", path, "client") for path in RELAY_PATHS}
+        found = {("POST", path, "client") for path in GENERATION}
+        found |= {(method, path, "client") for method, path in FORWARDED}
+        found |= {("GET", "/v1/responses/{response_id}", "client")}
+        found |= {("POST", "/v1/responses/{response_id}/cancel", "client")}
+        found |= {("PUT", "/generate", "client")}
         for route in self._framework.routes:
             for handler in getattr(route, "route_handlers", ()):
                 for method in sorted(getattr(handler, "http_methods", ())):
@@ -208,11 +235,10 @@ class ProxyApp:
             await self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] == "POST":
-            route = RELAY_PATHS.get(scope["path"])
-            if route is not None:
-                await self.relay.handle(route, scope, receive, send)
-                return
+        route = find_route(scope["method"], scope["path"])
+        if route is not None:
+            await self.relay.handle(route, scope, receive, send)
+            return
         await self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
 
 
@@ -257,8 +283,7 @@ def _guard(state: ProxyState) -> Any:
     route is protected by default."""
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-        value = connection.headers.get("authorization")
-        state.auth.require(access_of(handler.opt), value.encode("latin-1") if value else None)
+        state.auth.require(access_of(handler.opt), _key(connection.headers))
 
     return guard
 

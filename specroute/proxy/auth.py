@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from specroute.errors import AuthenticationError, PermissionDeniedError
 
-__all__ = ["ADMIN", "PUBLIC", "Auth", "access_of"]
+__all__ = ["ADMIN", "PUBLIC", "Auth", "access_of", "presented_key"]
 
 PUBLIC = {"access": "public"}
 """Route option: no key needed (liveness, readiness, Prometheus)."""
@@ -20,6 +20,14 @@ def access_of(opt: Mapping[str, object]) -> str:
     """A route's access level from its options; anything unmarked needs a client key."""
     access = opt.get("access")
     return str(access) if access in ("public", "admin") else "client"
+
+
+def presented_key(authorization: bytes | None, api_key: bytes | None) -> bytes | None:
+    """The key a client presents: its `Authorization` header, else its `x-api-key` (where
+    Anthropic's clients send it) as a Bearer token."""
+    if authorization is None and api_key is not None:
+        return b"Bearer " + api_key
+    return authorization
 
 
 def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:

@@ -1,8 +1,7 @@
 """Reading a client's request, first thing: header values as given, the body within its size
 and time limits and under the cap on bodies held at once, the few fields routing needs decoded
-from the client's bytes (the rest left untouched), the workload class (named by the client only
-where its key may), the `RouteRequest` a policy sees, and the body to forward with what the
-proxy adds to learn from the reply."""
+from the client's bytes (`fields`), and the workload class (named by the client only where its
+key may)."""
 
 from __future__ import annotations
 
@@ -14,41 +13,42 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from specroute.config import Config, LearnConfig
+from specroute.config import Config
 from specroute.errors import (
-    BadRequestError,
     ModelNotFoundError,
     PayloadTooLargeError,
     RequestTimeoutError,
 )
 from specroute.policies import RouteRequest
 from specroute.pool import Pool
-from specroute.proxy.auth import Auth
+from specroute.proxy.auth import Auth, presented_key
 from specroute.proxy.bodies import BodyHold
+from specroute.proxy.fields import (
+    Extras,
+    ResponsesFields,
+    decode_fields,
+    route_request,
+    upstream_body,
+)
 from specroute.proxy.stalls import ClientTransport
-from specroute.speculation import is_greedy
 
 __all__ = [
     "DISCONNECT",
     "ClientGone",
     "DisconnectSignal",
-    "Extras",
     "Incoming",
     "Intake",
     "Receive",
-    "RoutingFields",
     "Scope",
     "Send",
     "class_name",
-    "decode_fields",
+    "client_key",
     "disconnect_signal",
     "header",
     "printable",
     "read_body",
     "request_id",
-    "route_request",
     "served_name",
-    "upstream_body",
     "watch_disconnect",
 ]
 
@@ -68,19 +68,14 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived."""
 
 
-class Extras(msgspec.Struct, kw_only=True):
-    """What the proxy asked for that the client did not: remove it from the reply."""
-
-    strip_usage: bool = False
-    strip_sglext: bool = False
-
-
 class Incoming(NamedTuple):
-    """A request read and decoded: what the policy sees, what goes upstream, what to strip."""
+    """A request read and decoded: what the policy sees, what goes upstream, what to strip,
+    and the stored response it continues (`previous_response_id`), which pins its backend."""
 
     request: RouteRequest
     body: bytes
     extras: Extras
+    continues: str | None = None
 
 
 class Intake:
@@ -111,7 +106,8 @@ class Intake:
         klass = self._workload_class(scope)
         forwarded, extras = upstream_body(body, fields, config.learn)
         named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
-        return Incoming(route_request(route, named, klass), forwarded, extras)
+        continues = fields.previous_response_id if isinstance(fields, ResponsesFields) else None
+        return Incoming(route_request(route, named, klass), forwarded, extras, continues)
 
     def _served_model(self, model: str | None) -> str | None:
         """The served model a request names, which routes it (the client's bytes go upstream
@@ -135,7 +131,7 @@ class Intake:
         if given is None:
             return None
         name = class_name(given)
-        if not self._auth.may_name_class(header(scope, b"authorization")):
+        if not self._auth.may_name_class(client_key(scope)):
             self._on_ignored("not_allowed")
         elif name is None:
             self._on_ignored("invalid")
@@ -170,6 +166,12 @@ def header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def client_key(scope: Scope) -> bytes | None:
+    """The client's `Authorization` header, or its `x-api-key` (Anthropic's clients send the
+    key there) as a Bearer token."""
+    return presented_key(header(scope, b"authorization"), header(scope, b"x-api-key"))
 
 
 def printable(value: bytes | None, limit: int) -> str | None:
@@ -300,148 +302,3 @@ async def _wait_disconnect(receive: Receive, on_gone: Callable[[], None]) -> Non
     while (await receive())["type"] != "http.disconnect":
         pass
     on_gone()
-
-
-# The routing fields ------------------------------------------------------------------------
-
-
-class StreamOptions(msgspec.Struct, kw_only=True):
-    include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None
-
-
-class SamplingParams(msgspec.Struct, kw_only=True):
-    max_new_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-
-
-class RoutingFields(msgspec.Struct, kw_only=True):
-    """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw)."""
-
-    model: str
-    stream: bool | None = False
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    n: int | None = 1
-    stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
-    return_spec_tokens_details: bool | msgspec.UnsetType | None = msgspec.UNSET
-
-
-class ChatFields(RoutingFields, kw_only=True):
-    messages: msgspec.Raw
-
-
-class CompletionFields(RoutingFields, kw_only=True):
-    prompt: msgspec.Raw
-
-
-class GenerateFields(msgspec.Struct, kw_only=True):
-    """SGLang's native /generate: no model field, sampling in `sampling_params`."""
-
-    stream: bool | None = False
-    model: str | None = None
-    sampling_params: SamplingParams | None = None
-
-
-_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
-    "chat": msgspec.json.Decoder(ChatFields),
-    "completions": msgspec.json.Decoder(CompletionFields),
-    "generate": msgspec.json.Decoder(GenerateFields),
-}
-
-
-def decode_fields(route: str, body: bytes) -> RoutingFields | GenerateFields:
-    """Decode the routing fields; malformed JSON or a missing field is a 400."""
-    try:
-        fields: RoutingFields | GenerateFields = _DECODERS[route].decode(body)
-    except msgspec.ValidationError as exc:
-        raise BadRequestError(f"invalid request: {exc}", param=_param(str(exc))) from exc
-    except msgspec.DecodeError as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise BadRequestError("request body is nested too deeply") from exc
-    return fields
-
-
-def _param(message: str) -> str | None:
-    """The field msgspec blames, as OpenAI's `param`: the path after "at" (`Expected `int |
-    null`, got `str` - at `$.max_tokens``), else a missing field's name."""
-    at = message.rpartition(" - at `")[2] if " - at `" in message else None
-    if at is not None:
-        return at.rstrip("`").removeprefix("$.") or None
-    if "`" not in message:
-        return None
-    return message.split("`")[1].removeprefix("$.") or None
-
-
-def route_request(
-    route: str, fields: RoutingFields | GenerateFields, klass: str | None
-) -> RouteRequest:
-    """The features a policy sees; the workload class is the client's header or model+sampling."""
-    n: int | None = 1
-    if isinstance(fields, GenerateFields):
-        sp = fields.sampling_params or SamplingParams()
-        max_tokens, temperature, top_p, top_k = (
-            sp.max_new_tokens,
-            sp.temperature,
-            sp.top_p,
-            sp.top_k,
-        )
-    else:
-        max_tokens = fields.max_completion_tokens or fields.max_tokens
-        temperature, top_p, top_k, n = fields.temperature, fields.top_p, fields.top_k, fields.n
-    model = fields.model
-    sampling = "greedy" if is_greedy(temperature, top_k) else "sampled"
-    return RouteRequest(
-        route=route,
-        model=model,
-        workload_class=klass or f"{model or '-'}:{sampling}",
-        stream=bool(fields.stream),
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        n=n or 1,
-    )
-
-
-def upstream_body(
-    body: bytes, fields: RoutingFields | GenerateFields, learn: LearnConfig
-) -> tuple[bytes, Extras]:
-    """The body to send upstream and what to strip from the reply. Appends to the client's bytes
-    when the added keys are absent; re-encodes only if the client set them to something else."""
-    if isinstance(fields, GenerateFields):
-        return body, Extras()
-    opts = fields.stream_options
-    want_usage = isinstance(opts, StreamOptions) and bool(
-        opts.include_usage or opts.continuous_usage_stats
-    )
-    want_sglext = fields.return_spec_tokens_details is True
-    add_usage = bool(fields.stream) and learn.include_usage and not want_usage
-    add_sglext = learn.spec_tokens_details and not want_sglext
-    extras = Extras(strip_usage=add_usage, strip_sglext=add_sglext)
-    if not (add_usage or add_sglext):
-        return body, extras
-    absent = (not add_usage or opts is msgspec.UNSET) and (
-        not add_sglext or fields.return_spec_tokens_details is msgspec.UNSET
-    )
-    if absent:
-        head = body.rstrip()
-        tail = b""
-        if add_usage:
-            tail += b',"stream_options":{"include_usage":true}'
-        if add_sglext:
-            tail += b',"return_spec_tokens_details":true'
-        return b"".join((memoryview(head)[:-1], tail, b"}")), extras  # one copy of the body
-    data = msgspec.json.decode(body)
-    if add_usage:
-        options = data.get("stream_options") or {}
-        data["stream_options"] = {**options, "include_usage": True}
-    if add_sglext:
-        data["return_spec_tokens_details"] = True
-    return msgspec.json.encode(data), extras

@@ -73,6 +73,36 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     stream: bool | None = None
 
 
+class ResponsesRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """OpenAI's Responses API request: the fields the proxy reads; the rest pass through."""
+
+    input: str | list[dict[str, Any]]
+    model: str | None = None
+    stream: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    previous_response_id: str | None = None
+
+
+class AnthropicMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Anthropic's Messages API request."""
+
+    model: str
+    messages: list[AnthropicMessage]
+    max_tokens: int
+    stream: bool | None = None
+    system: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+
+
 def _unreachable() -> Response[bytes]:
     # Only a path the relay does not match exactly (a trailing slash) lands here.
     raise NotFoundError("not found: use the path without a trailing slash")
@@ -96,7 +126,19 @@ def relay_docs() -> list[Any]:
         """SGLang's native generation route, routed to one backend."""
         return _unreachable()
 
-    return [chat_completions, completions, generate]
+    @post("/v1/responses", sync_to_thread=False, status_code=200)
+    def responses(data: JSONBody[ResponsesRequest]) -> Response[bytes]:
+        """OpenAI's Responses API, streamed (`response.*` events) or whole, routed to one
+        backend; one continuing a stored response goes to the backend that stores it."""
+        return _unreachable()
+
+    @post("/v1/messages", sync_to_thread=False, status_code=200)
+    def messages(data: JSONBody[MessagesRequest]) -> Response[bytes]:
+        """Anthropic's Messages API, streamed (`message_start`... events) or whole, routed to
+        one backend."""
+        return _unreachable()
+
+    return [chat_completions, completions, generate, responses, messages]
 
 
 def openapi_config() -> OpenAPIConfig:

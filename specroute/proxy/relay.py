@@ -20,9 +20,10 @@ from specroute.errors import (
     NoHealthyBackendError,
     SpecrouteError,
 )
-from specroute.policies import Decision, Outcome, Policy, RouteRequest
+from specroute.policies import Decision
 from specroute.pool import (
     AttemptLimits,
+    Backend,
     BadReply,
     Deadlines,
     Lease,
@@ -32,6 +33,9 @@ from specroute.pool import (
     UpstreamResponse,
     attempt_limits,
 )
+from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.exchange import Exchange
+from specroute.proxy.formats import EVENT_APIS, EventStreamRelay, measure_whole, render_error
 from specroute.proxy.intake import (
     ClientGone,
     Incoming,
@@ -39,32 +43,29 @@ from specroute.proxy.intake import (
     Receive,
     Scope,
     Send,
+    client_key,
     disconnect_signal,
     header,
     request_id,
     watch_disconnect,
 )
-from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply, shutting_down
+from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
+from specroute.proxy.stored import ResponseHomes, gone, locate
 from specroute.proxy.upstream_errors import attempt_error, upstream_error
 
-__all__ = ["RELAY_PATHS", "Exchange", "Receive", "Relay", "Scope", "Send"]
+__all__ = ["Receive", "Relay", "Scope", "Send"]
 
 log = structlog.get_logger()
 
-RELAY_PATHS = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/generate": "generate",
-}
-_UPSTREAM_PATH = {route: path for path, route in RELAY_PATHS.items()}
 _KIND = {True: "stream", False: "request for JSON"}
 
 
 class Relay:
-    """The proxied routes: chat completions, completions and SGLang's native /generate."""
+    """The proxied routes (`routes`): generation routed by the policy, stored responses to
+    the backend that holds them, the other inference routes to any healthy backend."""
 
     def __init__(self, state: ProxyState) -> None:
         self._state = state
@@ -77,6 +78,7 @@ class Relay:
         self.draining = False
         self._open: dict[asyncio.Task[Any], Exchange] = {}
         self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
+        self.homes = ResponseHomes()
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
@@ -96,12 +98,15 @@ class Relay:
         if rest:
             await asyncio.wait([task for task, _ in rest], timeout=5.0)
 
-    async def handle(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
         # The policy is bound once, as the request comes in: a switch while it is in flight
         # leaves its routing, retries, headers and observation all with this one.
-        ex = Exchange(route, request_id(header(scope, b"x-request-id")), state.policy, send)
+        ex = Exchange(route.kind, request_id(header(scope, b"x-request-id")), state.policy, send)
+        ex.method, ex.path, ex.generates = scope["method"], route.path, route.generates
         reply = ex.reply
+        if route.kind in ("messages", "count_tokens"):  # Anthropic's clients
+            reply.render_error = partial(render_error, route.kind)
         signal = disconnect_signal(scope)
         reply.transport = signal.transport if signal is not None else None
         task = asyncio.current_task()
@@ -112,8 +117,10 @@ class Relay:
         try:
             if self.draining:
                 raise shutting_down()
-            state.auth.check(header(scope, b"authorization"))
-            incoming = await self._intake.read(route, scope, receive, body)
+            state.auth.check(client_key(scope))
+            incoming = await self._intake.read(route.kind, scope, receive, body)
+            if route.kind == STORED_RESPONSE:
+                incoming = incoming._replace(continues=stored_response_id(ex.method, ex.path))
             ex.request = incoming.request
             stop_watching = watch_disconnect(scope, receive, partial(_client_left, task, reply))
             await self._forward(ex, incoming)
@@ -147,14 +154,19 @@ class Relay:
         retry = state.config.retry
         request, policy = incoming.request, ex.policy
         tried: list[str] = []
+        home = None if incoming.continues is None else await self._home(incoming.continues)
         for attempt in range(1, retry.max_attempts + 1):
-            try:
-                lease, decision = await state.admission.admit(request, policy, tried)
-            except NoHealthyBackendError:
-                if ex.failure is None:
-                    raise
-                # The failure that took the last backend out says more than "none left".
-                raise attempt_error(*ex.failure) from ex.failure[1]
+            if home is not None:  # the stored response is there and nowhere else: no retry
+                lease = state.pool.lease(home)
+                decision = Decision(backend=home.name, reason="stored response lives here")
+            else:
+                try:
+                    lease, decision = await state.admission.admit(request, policy, tried)
+                except NoHealthyBackendError:
+                    if ex.failure is None:
+                        raise
+                    # The failure that took the last backend out says more than "none left".
+                    raise attempt_error(*ex.failure) from ex.failure[1]
             backend = lease.backend
             ex.begin_attempt(lease, decision)
             state.decisions.record(
@@ -167,7 +179,8 @@ class Relay:
             )
             state.metrics.decisions.inc((policy.name, backend.name))
             tried.append(backend.name)
-            reason = await self._attempt(ex, lease, incoming, attempt == retry.max_attempts)
+            last = home is not None or attempt == retry.max_attempts
+            reason = await self._attempt(ex, lease, incoming, last)
             if reason is None:
                 return
             state.metrics.retries.inc((backend.name, reason))
@@ -175,6 +188,21 @@ class Relay:
                 "upstream_retried", request_id=ex.request_id, backend=backend.name, reason=reason
             )
             await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 1), retry.backoff_max_s))
+
+    async def _home(self, response_id: str) -> Backend:
+        """The backend that stores `response_id`: remembered, else found by asking; an
+        OpenAI-shaped 404 (or 503 while it is unhealthy) when it cannot be reached."""
+        state = self._state
+        name = self.homes.home(response_id)
+        if name is None:
+            name = await locate(response_id, state.pool, state.client)
+            if name is not None:
+                self.homes.remember(response_id, name)
+        error = gone(response_id, name, state.pool)
+        if error is not None:
+            raise error
+        assert name is not None
+        return state.pool.by_name[name]
 
     async def _attempt(
         self, ex: Exchange, lease: Lease, incoming: Incoming, last: bool
@@ -196,13 +224,18 @@ class Relay:
         )
         try:
             upstream = await state.client.send(
-                "POST",
-                backend.url + _UPSTREAM_PATH[ex.route],
+                ex.method,
+                backend.url + ex.path,
                 incoming.body,
                 _upstream_headers(backend.auth_headers),
                 limits.header_s,
             )
             status = upstream.status
+            if not ex.generates and status < 500:  # the backend's own answer, as it came
+                verdict = status < 400 or status == 404
+                idle_s = self._state.config.timeouts.idle_s
+                await ex.reply.send_passthrough(upstream, ex.headers(), idle_s)
+                return None
             if status >= 500 or status == 429:
                 verdict = status == 429  # overload is not a broken backend
                 error = f"upstream status {status}"
@@ -217,6 +250,9 @@ class Relay:
                 )
             await self._reply(ex, upstream, incoming, limits)
             verdict = ex.reply.error is None
+            response_id = ex.reply.measured.response_id
+            if response_id is not None and ex.route == "responses" and verdict:
+                self.homes.remember(response_id, backend.name)
             return None
         except UpstreamFailure as exc:
             verdict, error = _verdict(exc), str(exc)
@@ -252,17 +288,24 @@ class Relay:
                 partial(self._deadlines.gap_rule.limit_s, times.gaps, unlearned_s=limits.gap_s),
             )
             limits_config = state.config.limits
+            max_event = limits_config.max_event_bytes
+            stream = (
+                EventStreamRelay(ex.route, incoming.extras, ex.started, max_event)
+                if ex.route in EVENT_APIS
+                else StreamRelay(incoming.extras, ex.started, max_event)
+            )
             await ex.reply.send_stream(
+                upstream, stream, ex.headers(), clock, limits_config.client_stall_s
+            )
+        else:
+            measure = measure_whole if ex.route in EVENT_APIS else None
+            await ex.reply.send_whole(
                 upstream,
                 incoming.extras,
                 ex.headers(),
-                clock,
-                limits_config.client_stall_s,
-                limits_config.max_event_bytes,
-            )
-        else:
-            await ex.reply.send_whole(
-                upstream, incoming.extras, ex.headers(), limits.reply_s, self._max_reply_bytes
+                limits.reply_s,
+                self._max_reply_bytes,
+                measure,
             )
 
     def _judge(self, lease: Lease, verdict: bool | Stalled | BadReply | None) -> None:
@@ -282,121 +325,16 @@ class Relay:
             backend.breaker.on_failure(time.monotonic())
 
     def _learn(self, ex: Exchange, lease: Lease, status: int, error: str | None) -> None:
-        """The attempt's outcome to the pool's estimators, then to the request's policy."""
+        """The attempt's outcome to the pool's estimators, then to the request's policy;
+        routes that generate nothing teach them nothing."""
+        if not ex.generates or ex.request is None:
+            return
         outcome = ex.outcome(lease, status, error)
         lease.observe(outcome)  # the pool's own estimators: a bug there surfaces as itself
         try:
             ex.policy.observe(outcome)
         except Exception:  # a third-party policy must not break the relay
             log.exception("policy_observe_failed", policy=ex.policy.name)
-
-
-class Exchange:
-    """One proxied request's record: the policy bound to it, what was routed where, and its
-    reply; one log line and its metrics once it ends."""
-
-    def __init__(self, route: str, request_id: str, policy: Policy, send: Send) -> None:
-        self.route = route
-        self.request_id = request_id
-        self.policy = policy
-        self.started = time.perf_counter()
-        self.request: RouteRequest | None = None
-        self.decision: Decision | None = None
-        self.backend: str | None = None
-        self.steps: int | None = None
-        self.attempts = 0
-        self.attempt_started = self.started
-        self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
-        self.reply = Reply(send, self.started)
-
-    def begin_attempt(self, lease: Lease, decision: Decision) -> None:
-        self.attempts += 1
-        self.decision = decision
-        self.backend = lease.backend.name
-        self.steps = lease.backend.steps
-        self.attempt_started = time.perf_counter()
-        self.reply.new_attempt()
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        """What every proxied reply says about its routing."""
-        headers = [
-            (b"x-specroute-policy", self.policy.name.encode()),
-            (b"x-request-id", self.request_id.encode()),
-        ]
-        if self.backend is not None:
-            headers.append((b"x-specroute-backend", self.backend.encode()))
-            steps = "" if self.steps is None else str(self.steps)
-            headers.append((b"x-specroute-steps", steps.encode()))
-        return headers
-
-    def outcome(self, lease: Lease, status: int, error: str | None) -> Outcome:
-        """The attempt on `lease`'s backend as the estimators and the policy learn it."""
-        stream = self.reply.stream
-        meter = self.reply.measured
-        assert self.request is not None
-        return Outcome(
-            backend=lease.backend.name,
-            steps=self.steps,
-            workload_class=self.request.workload_class,
-            status=status,
-            stream=self.request.stream,
-            completion_tokens=meter.completion_tokens,
-            prompt_tokens=meter.prompt_tokens,
-            chunks=stream.chunks if stream is not None else 0,
-            verify_count=meter.verify_ct,
-            accept_length=meter.accept_length,
-            ttft_s=self._attempt_ttft(),
-            chunk_gaps_s=tuple(stream.gaps) if stream is not None else (),
-            duration_s=time.perf_counter() - self.attempt_started,
-            in_flight_at_start=lease.in_flight_at_start,
-            mean_in_flight=lease.mean_in_flight,
-            error=error,
-        )
-
-    def _attempt_ttft(self) -> float | None:
-        """Time from this attempt's start to its first token (the client's `ttft` counts from
-        the request's arrival, through admission and earlier attempts)."""
-        stream = self.reply.stream
-        if stream is None or stream.ttft is None:
-            return None
-        return stream.ttft - (self.attempt_started - self.started)
-
-    def finish(self, metrics: ProxyMetrics) -> None:
-        """The one log line and the metrics of this request."""
-        duration = time.perf_counter() - self.started
-        reply, request = self.reply, self.request
-        backend = self.backend or "-"
-        steps = "" if self.steps is None else str(self.steps)
-        meter = reply.measured
-        ttft = reply.stream.ttft if reply.stream is not None else None
-        metrics.requests.inc((self.route, backend, steps, str(reply.status)))
-        if self.backend is not None:
-            if request is not None:
-                metrics.routed.inc((self.policy.name, request.workload_class, steps))
-            metrics.duration.observe((backend, steps), duration)
-            if ttft is not None:
-                metrics.ttft.observe((backend, steps), ttft)
-            if meter.completion_tokens:
-                metrics.tokens.inc((backend, steps), meter.completion_tokens)
-        log.info(
-            "request_finished",
-            request_id=self.request_id,
-            route=self.route,
-            model=request.model if request else None,
-            workload_class=request.workload_class if request else None,
-            stream=request.stream if request else None,
-            backend=self.backend,
-            steps=self.steps,
-            policy=self.policy.name,
-            reason=self.decision.reason if self.decision else None,
-            attempts=self.attempts,
-            status=reply.status,
-            prompt_tokens=meter.prompt_tokens,
-            completion_tokens=meter.completion_tokens,
-            ttft_s=None if ttft is None else round(ttft, 6),
-            duration_s=round(duration, 6),
-            error=reply.error,
-        )
 
 
 def _verdict(exc: UpstreamFailure) -> bool | Stalled | BadReply | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from specroute.errors import (
     PayloadTooLargeError,
@@ -16,7 +17,6 @@ from specroute.errors import (
     StreamInterruptedError,
     UpstreamTimeoutError,
     error_body,
-    error_event,
 )
 from specroute.pool import (
     Stalled,
@@ -26,8 +26,9 @@ from specroute.pool import (
     UpstreamResponse,
 )
 from specroute.proxy.bodies import BODY_MEMORY_FULL
-from specroute.proxy.intake import Extras, Send
-from specroute.proxy.meter import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.fields import Extras
+from specroute.proxy.intake import Send
 from specroute.proxy.stalls import HEARTBEAT, ClientTransport, SendWatch, StreamClock
 
 __all__ = ["Reply", "shutting_down"]
@@ -56,6 +57,7 @@ class Reply:
         "error",
         "finished",
         "meter",
+        "render_error",
         "status",
         "stream",
         "transport",
@@ -78,6 +80,8 @@ class Reply:
         self.ending = False  # the proxy is shutting down and ends this reply itself
         self.meter = ReplyMeter()
         self.stream: StreamRelay | None = None
+        self.render_error: Callable[[SpecrouteError], bytes] = error_body
+        """A whole error's body, in the shape the route's clients parse."""
 
     def new_attempt(self) -> None:
         self.meter = ReplyMeter()
@@ -94,11 +98,16 @@ class Reply:
         headers: Headers,
         within_s: float,
         max_bytes: int,
+        measure: Callable[[bytes, ReplyMeter], None] | None = None,
     ) -> None:
-        """The whole body, read within `within_s` seconds and `max_bytes`, then sent on; a
-        200 must be JSON (else BadReply)."""
+        """The whole body, read within `within_s` seconds and `max_bytes`, then sent on: a chat
+        or completions 200 must be JSON (else BadReply); a route with its own format is
+        measured by `measure`."""
         body = await upstream.read(within_s, max_bytes)
-        body = strip_reply(body, extras, self.meter, upstream.status == 200)
+        if measure is None:
+            body = strip_reply(body, extras, self.meter, upstream.status == 200)
+        else:
+            measure(body, self.meter)
         self.status = upstream.status
         start = [
             (b"content-type", upstream.content_type),
@@ -109,19 +118,36 @@ class Reply:
         await self._send({"type": "http.response.start", "status": self.status, "headers": start})
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
+    async def send_passthrough(
+        self, upstream: UpstreamResponse, headers: Headers, idle_s: float
+    ) -> None:
+        """A forwarded route's reply, its status and bytes passed on as they come (Ollama's
+        newline-delimited JSON streams too), each read within `idle_s`."""
+        self.status = upstream.status
+        start = [(b"content-type", upstream.content_type), *headers]
+        self.committed = True
+        await self._send({"type": "http.response.start", "status": self.status, "headers": start})
+        try:
+            while (data := await upstream.next_chunk(idle_s)) is not None:
+                await self._send({"type": "http.response.body", "body": data, "more_body": True})
+        finally:
+            self.finished = True
+            if not self.client_gone:
+                await self._send({"type": "http.response.body", "body": b""})
+
     async def send_stream(
         self,
         upstream: UpstreamResponse,
-        extras: Extras,
+        stream: StreamRelay,
         headers: Headers,
         clock: StreamClock,
         stall_s: float,
-        max_event_bytes: int,
     ) -> None:
         """Headers go out with the first event, so a backend that fails during prefill is
         still retried invisibly, unless the first token takes `heartbeat_s`: then they go out
-        with a heartbeat. After that, failures end the stream with an error event."""
-        self.stream = StreamRelay(extras, self._started, max_event_bytes)
+        with a heartbeat. After that, failures end the stream with an error event (in the
+        stream's own format: `stream.error_tail`)."""
+        self.stream = stream
         self._head = [(b"content-type", upstream.content_type), *headers]
         self._stall_s = stall_s
         tail = b""
@@ -129,11 +155,11 @@ class Reply:
             await self._relay(self.stream, upstream, clock)
             tail = self.stream.rest()
             if not self.stream.saw_done:
-                raise StreamBroken("stream ended before [DONE]")
+                raise StreamBroken("stream ended before its last event")
         except UpstreamFailure as exc:
             if self.committed:
                 self.error = str(exc)
-                tail = error_event(_stream_failure(exc))
+                tail = stream.error_tail(_stream_failure(exc))
             raise
         except asyncio.CancelledError:
             if self._watch is not None and self._watch.stalled:  # nothing more can reach it
@@ -141,7 +167,7 @@ class Reply:
                 self.error = "client stopped reading"
             elif self.ending:
                 self.error = "proxy shutting down"
-                tail = error_event(shutting_down())
+                tail = stream.error_tail(shutting_down())
             raise
         finally:
             if self._watch is not None:
@@ -230,7 +256,7 @@ class Reply:
             start.append((b"connection", b"close"))  # the rest of its body was never read
         await self._send({"type": "http.response.start", "status": exc.status, "headers": start})
         await self._send(
-            {"type": "http.response.body", "body": error_body(exc), "more_body": False}
+            {"type": "http.response.body", "body": self.render_error(exc), "more_body": False}
         )
 
 

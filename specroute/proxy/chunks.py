@@ -1,6 +1,6 @@
-"""What comes back from a backend, read: the events of a stream (`StreamRelay`: whole events
-out, the ones the proxy asked for and the client did not removed, tokens and chunk times
-measured) and a whole reply (`strip_reply`), with what they show in a `ReplyMeter`."""
+"""Reading what comes back from a backend: the tokens and speculative statistics of a reply
+(streamed or whole), and which stream events go on to the client (what the proxy asked for and
+the client did not is removed; every other event goes on byte for byte)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import msgspec
 
+from specroute.errors import SpecrouteError, error_event
 from specroute.pool import BadReply, StreamBroken
-from specroute.proxy.intake import Extras
+from specroute.proxy.fields import Extras
 from specroute.sse import DONE, EventTooLarge, SSESplitter
 
 __all__ = ["ReplyMeter", "StreamRelay", "strip_reply"]
@@ -51,9 +52,18 @@ _any = msgspec.json.Decoder(dict[str, Any])
 class ReplyMeter:
     """Tokens and speculative statistics seen in a reply (streamed or whole)."""
 
-    __slots__ = ("accept_length", "completion_tokens", "error", "prompt_tokens", "verify_ct")
+    __slots__ = (
+        "accept_length",
+        "completion_tokens",
+        "error",
+        "prompt_tokens",
+        "response_id",
+        "verify_ct",
+    )
 
     def __init__(self) -> None:
+        self.response_id: str | None = None
+        """A Responses API reply's id: the backend that made it stores it."""
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
         self.verify_ct: int | None = None
@@ -130,6 +140,10 @@ class StreamRelay:
         """An unterminated tail at the end of the stream, passed on as it came."""
         return self._splitter.rest()
 
+    def error_tail(self, exc: SpecrouteError) -> bytes:
+        """The stream's end on a failure: the error as one event, then `[DONE]`."""
+        return error_event(exc)
+
     def _keep(self, payload: bytes | None, now: float) -> bool:
         if payload is None:
             return True  # comments, `event:` lines and other non-data events pass untouched
@@ -163,19 +177,19 @@ class StreamRelay:
         self._last = now
 
 
+def _decode(payload: bytes) -> Chunk | None:
+    try:
+        return _chunk.decode(payload)
+    except msgspec.DecodeError:
+        return None
+
+
 def _is_object(body: bytes) -> bool:
     try:
         _any.decode(body)
     except msgspec.DecodeError:
         return False
     return True
-
-
-def _decode(payload: bytes) -> Chunk | None:
-    try:
-        return _chunk.decode(payload)
-    except msgspec.DecodeError:
-        return None
 
 
 def strip_reply(body: bytes, extras: Extras, meter: ReplyMeter, json: bool = False) -> bytes:

@@ -1,0 +1,130 @@
+"""One proxied request's record: the policy bound to it, what was routed where and how the
+attempt went (its `Outcome` for the estimators and the policy), and its reply; one log line
+and its metrics once it ends."""
+
+from __future__ import annotations
+
+import time
+
+import structlog
+
+from specroute.policies import Decision, Outcome, Policy, RouteRequest
+from specroute.pool import Lease, UpstreamFailure
+from specroute.proxy.intake import Send
+from specroute.proxy.metrics import ProxyMetrics
+from specroute.proxy.reply import Reply
+
+__all__ = ["Exchange"]
+
+log = structlog.get_logger()
+
+
+class Exchange:
+    """One proxied request's record: the policy bound to it, what was routed where, and its
+    reply; one log line and its metrics once it ends."""
+
+    def __init__(self, route: str, request_id: str, policy: Policy, send: Send) -> None:
+        self.route = route
+        self.method = "POST"
+        self.path = ""
+        self.generates = True
+        self.request_id = request_id
+        self.policy = policy
+        self.started = time.perf_counter()
+        self.request: RouteRequest | None = None
+        self.decision: Decision | None = None
+        self.backend: str | None = None
+        self.steps: int | None = None
+        self.attempts = 0
+        self.attempt_started = self.started
+        self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
+        self.reply = Reply(send, self.started)
+
+    def begin_attempt(self, lease: Lease, decision: Decision) -> None:
+        self.attempts += 1
+        self.decision = decision
+        self.backend = lease.backend.name
+        self.steps = lease.backend.steps
+        self.attempt_started = time.perf_counter()
+        self.reply.new_attempt()
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """What every proxied reply says about its routing."""
+        headers = [
+            (b"x-specroute-policy", self.policy.name.encode()),
+            (b"x-request-id", self.request_id.encode()),
+        ]
+        if self.backend is not None:
+            headers.append((b"x-specroute-backend", self.backend.encode()))
+            steps = "" if self.steps is None else str(self.steps)
+            headers.append((b"x-specroute-steps", steps.encode()))
+        return headers
+
+    def outcome(self, lease: Lease, status: int, error: str | None) -> Outcome:
+        """The attempt on `lease`'s backend as the estimators and the policy learn it."""
+        stream = self.reply.stream
+        meter = self.reply.measured
+        assert self.request is not None
+        return Outcome(
+            backend=lease.backend.name,
+            steps=self.steps,
+            workload_class=self.request.workload_class,
+            status=status,
+            stream=self.request.stream,
+            completion_tokens=meter.completion_tokens,
+            prompt_tokens=meter.prompt_tokens,
+            chunks=stream.chunks if stream is not None else 0,
+            verify_count=meter.verify_ct,
+            accept_length=meter.accept_length,
+            ttft_s=self._attempt_ttft(),
+            chunk_gaps_s=tuple(stream.gaps) if stream is not None else (),
+            duration_s=time.perf_counter() - self.attempt_started,
+            in_flight_at_start=lease.in_flight_at_start,
+            mean_in_flight=lease.mean_in_flight,
+            error=error,
+        )
+
+    def _attempt_ttft(self) -> float | None:
+        """Time from this attempt's start to its first token (the client's `ttft` counts from
+        the request's arrival, through admission and earlier attempts)."""
+        stream = self.reply.stream
+        if stream is None or stream.ttft is None:
+            return None
+        return stream.ttft - (self.attempt_started - self.started)
+
+    def finish(self, metrics: ProxyMetrics) -> None:
+        """The one log line and the metrics of this request."""
+        duration = time.perf_counter() - self.started
+        reply, request = self.reply, self.request
+        backend = self.backend or "-"
+        steps = "" if self.steps is None else str(self.steps)
+        meter = reply.measured
+        ttft = reply.stream.ttft if reply.stream is not None else None
+        metrics.requests.inc((self.route, backend, steps, str(reply.status)))
+        if self.backend is not None:
+            if request is not None and self.generates:  # forwarded routes have no class
+                metrics.routed.inc((self.policy.name, request.workload_class, steps))
+            metrics.duration.observe((backend, steps), duration)
+            if ttft is not None:
+                metrics.ttft.observe((backend, steps), ttft)
+            if meter.completion_tokens:
+                metrics.tokens.inc((backend, steps), meter.completion_tokens)
+        log.info(
+            "request_finished",
+            request_id=self.request_id,
+            route=self.route,
+            model=request.model if request else None,
+            workload_class=request.workload_class if request else None,
+            stream=request.stream if request else None,
+            backend=self.backend,
+            steps=self.steps,
+            policy=self.policy.name,
+            reason=self.decision.reason if self.decision else None,
+            attempts=self.attempts,
+            status=reply.status,
+            prompt_tokens=meter.prompt_tokens,
+            completion_tokens=meter.completion_tokens,
+            ttft_s=None if ttft is None else round(ttft, 6),
+            duration_s=round(duration, 6),
+            error=reply.error,
+        )
