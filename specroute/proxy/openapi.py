@@ -1,6 +1,8 @@
 """The proxy's OpenAPI document, served at /openapi/openapi.json. The relayed routes never reach
 Litestar (the relay answers them first); they are declared here only so that the document, and
-the tools that read it (clients, fuzzers), know their request bodies."""
+the tools that read it (clients, fuzzers), know their request bodies. Each documents at least
+every field the relay decodes for routing (`fields.py`; tests/test_openapi_fields.py holds the
+two together)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ OPENAPI_PATH = "/openapi/openapi.json"
 
 class StreamOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -42,6 +45,8 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     top_k: int | None = None
     n: int | None = None
     stream_options: StreamOptions | None = None
+    return_spec_tokens_details: bool | None = None
+    """SGLang's: per-request speculative statistics in the reply's `sglext`."""
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -51,10 +56,13 @@ class CompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt: str | list[str]
     stream: bool | None = None
     max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
     n: int | None = None
     stream_options: StreamOptions | None = None
+    return_spec_tokens_details: bool | None = None
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -71,6 +79,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     input_ids: list[int] | None = None
     sampling_params: SamplingParams | None = None
     stream: bool | None = None
+    model: str | None = None
+    """Read by the proxy only, to pick a backend that serves it in a pool of several models."""
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -82,6 +92,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_output_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
     previous_response_id: str | None = None
 
 
