@@ -198,6 +198,16 @@ def _write_outputs(args: argparse.Namespace, result: Any, reference: Any) -> Non
             print(f"wrote {path}", file=sys.stderr)
 
 
+def _plots_ready(args: argparse.Namespace, command: str) -> bool:
+    """Asked for plots without matplotlib: say which extra to install before any work."""
+    from specroute.plotting import plots_missing
+
+    if args.plots_dir and (missing := plots_missing()) is not None:
+        print(f"specroute bench {command}: --plots: {missing}", file=sys.stderr)
+        return False
+    return True
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
     from specroute.bench.progress import Progress
     from specroute.bench.reference import load_reference
@@ -205,6 +215,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from specroute.bench.sweep import run_sweep
 
     configure_logging(args.log_level)
+    if not _plots_ready(args, "sweep"):
+        return 2
     try:
         settings = _sweep_settings(args)
     except (ValueError, msgspec.ValidationError) as exc:
@@ -223,6 +235,8 @@ def _run_trace(args: argparse.Namespace) -> int:
     from specroute.bench.trace import load_scenario, run_trace
 
     configure_logging(args.log_level)
+    if not _plots_ready(args, "trace"):
+        return 2
     try:
         scenario = load_scenario(args.scenario)
     except (OSError, ValueError, msgspec.ValidationError) as exc:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from specroute.bench.sweep import SweepResult
+from specroute.plotting import pyplot
 
 __all__ = ["save_plots"]
 
@@ -59,12 +60,9 @@ def _latency(plt: Any, result: SweepResult, path: Path) -> None:
 
 
 def save_plots(result: SweepResult, directory: str | Path) -> list[Path]:
-    """Write `throughput.png` and `latency.png` into `directory`; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Write `throughput.png` and `latency.png` into `directory`; return their paths (callers
+    check `plotting.plots_missing()` before any work)."""
+    plt = pyplot()
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "throughput.png", out / "latency.png"]

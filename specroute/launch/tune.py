@@ -247,10 +247,13 @@ async def _tune(options: Any, plans: list[Any], out: Path, prompts: str, *, forc
     from specroute.launch.tune_progress import TuneProgress
     from specroute.launch.tune_run import Tuner
     from specroute.logs import configure_logging
+    from specroute.plotting import plots_missing
 
     configure_logging("warning")
     layout = TuneLayout(out)
     progress = TuneProgress()
+    if (missing := plots_missing()) is not None:
+        progress.say(f"specroute tune: {missing}; the report and prior come without tune.png")
     tuner = Tuner(options, plans, layout, measurement(options, prompts), progress, force=force)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
