@@ -208,6 +208,21 @@ def _plots_ready(args: argparse.Namespace, command: str) -> bool:
     return True
 
 
+def _exit_status(command: str, result: Any) -> int:
+    """Print how many requests failed; 1 when none succeeded (a dead target is no result)."""
+    succeeded = sum(lv.summary.succeeded for lv in result.levels)
+    failed = sum(lv.summary.errors for lv in result.levels)
+    if failed:
+        print(
+            f"specroute bench {command}: {failed} of {succeeded + failed} requests failed",
+            file=sys.stderr,
+        )
+    if succeeded == 0:
+        print(f"specroute bench {command}: no request succeeded", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
     from specroute.bench.progress import Progress
     from specroute.bench.reference import load_reference
@@ -226,7 +241,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     result = _run(run_sweep(settings, progress=Progress()))
     print(render_table(result, reference))
     _write_outputs(args, result, reference)
-    return 1 if all(lv.summary.succeeded == 0 for lv in result.levels) else 0
+    return _exit_status("sweep", result)
 
 
 def _run_trace(args: argparse.Namespace) -> int:
@@ -255,7 +270,7 @@ def _run_trace(args: argparse.Namespace) -> int:
     )
     print(render_table(result))
     _write_outputs(args, result, None)
-    return 0
+    return _exit_status("trace", result)
 
 
 def _run_compare(args: argparse.Namespace) -> int:
