@@ -16,6 +16,8 @@ from specroute.logs import configure_logging
 __all__ = ["register"]
 
 T = TypeVar("T")
+PROGRESS_EVERY_S = 10.0
+"""Off a terminal (CI, nohup), a progress line this often, besides one per finished level."""
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -238,7 +240,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         print(f"specroute bench sweep: {exc}", file=sys.stderr)
         return 2
     reference = load_reference(args.reference) if args.reference else None
-    result = _run(run_sweep(settings, progress=Progress()))
+    result = _run(run_sweep(settings, progress=Progress(every_s=PROGRESS_EVERY_S)))
     print(render_table(result, reference))
     _write_outputs(args, result, reference)
     return _exit_status("sweep", result)
@@ -265,7 +267,7 @@ def _run_trace(args: argparse.Namespace) -> int:
             model=args.model,
             api_key=args.api_key,
             seed=args.seed,
-            progress=Progress(),
+            progress=Progress(every_s=PROGRESS_EVERY_S),
         )
     )
     print(render_table(result))
