@@ -126,7 +126,7 @@ def test_upstream_body_is_untouched_when_client_asked_for_everything() -> None:
     ("body", "match"),
     [
         (b'{"model":"m"', "not valid JSON"),
-        (b'{"messages":[]}', "model"),
+        (b'{"model":3,"messages":[]}', "model"),
         (b'{"model":"m"}', "messages"),
         (b'{"model":"m","messages":[],"temperature":"hot"}', "temperature"),
     ],
@@ -134,6 +134,11 @@ def test_upstream_body_is_untouched_when_client_asked_for_everything() -> None:
 def test_malformed_requests_are_bad_requests(body: bytes, match: str) -> None:
     with pytest.raises(BadRequestError, match=match):
         decode_fields("chat", body)
+
+
+def test_a_request_without_model_decodes_as_sglang_takes_it() -> None:
+    assert decode_fields("chat", b'{"messages":[]}').model is None
+    assert decode_fields("completions", b'{"prompt":"x"}').model is None
 
 
 def test_workload_class_from_sampling_or_header() -> None:
@@ -167,7 +172,7 @@ def test_greedy_as_sglang_decides_it(sampling: bytes, klass: str) -> None:
     ("body", "param"),
     [
         (b'{"model":"m","messages":[],"max_tokens":"64"}', "max_tokens"),
-        (b'{"messages":[]}', "model"),
+        (b'{"model":3,"messages":[]}', "model"),
         (
             b'{"model":"m","messages":[],"stream_options":{"include_usage":3}}',
             "stream_options.include_usage",

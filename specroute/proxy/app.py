@@ -21,6 +21,7 @@ from litestar.handlers import BaseRouteHandler
 from specroute.config import Config
 from specroute.errors import (
     BadRequestError,
+    ModelNotFoundError,
     NoHealthyBackendError,
     NotFoundError,
     SpecrouteError,
@@ -35,6 +36,7 @@ from specroute.proxy.openapi import openapi_config, relay_docs
 from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
 from specroute.proxy.relay import RELAY_PATHS, Receive, Relay, Scope, Send
 from specroute.proxy.state import ProxyState
+from specroute.raw_path import path_after
 
 __all__ = ["ProxyApp", "create_app"]
 
@@ -123,6 +125,16 @@ def _handlers(state: ProxyState) -> list[Any]:
         _auth(state, request)
         return _json(model_list(state))
 
+    @get("/v1/models/{model:path}", sync_to_thread=False)
+    def model(request: Request[Any, Any, Any], model: str) -> Response[bytes]:
+        """One model card (the OpenAI client's `models.retrieve`), as SGLang answers it."""
+        _auth(state, request)
+        name = path_after(request.scope, "/v1/models/") or model.lstrip("/")
+        for card in model_list(state)["data"]:
+            if card["id"] == name:
+                return _json(card)
+        raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
+
     @get(["/server_info", "/get_server_info"])
     async def get_server_info(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
@@ -168,6 +180,7 @@ def _handlers(state: ProxyState) -> list[Any]:
         ready,
         metrics,
         models,
+        model,
         get_server_info,
         model_info,
         pool,

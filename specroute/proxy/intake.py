@@ -117,7 +117,9 @@ class Intake:
         """The served model a request names, which routes it (the client's bytes go upstream
         as they came): a name the pool lists, else as `served_name` reads it; 404 if none."""
         known = self._pool.known_models()
-        if model is None or not known or model in known:
+        if model is None:
+            return self._only_model()
+        if not known or model in known:
             return model
         found = served_name(model, self._pool.base_models())
         if found is None:
@@ -126,6 +128,17 @@ class Intake:
                 param="model",
             )
         return found
+
+    def _only_model(self) -> str | None:
+        """No `model`: SGLang (one model per server) serves its own; a pool of one model does
+        the same, a pool of several cannot guess (400)."""
+        served = self._pool.base_models()
+        if len(served) <= 1:
+            return next(iter(served), None)
+        raise BadRequestError(
+            f"`model` is required: this proxy serves several models ({', '.join(sorted(served))})",
+            param="model",
+        )
 
     def _workload_class(self, scope: Scope) -> str | None:
         """The client's `X-Specroute-Class` if its key may name one, the name is plain
@@ -318,9 +331,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
 
 class RoutingFields(msgspec.Struct, kw_only=True):
-    """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw)."""
+    """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw). `model`
+    may be absent: SGLang serves such a request as its served model (its default name)."""
 
-    model: str
+    model: str | None = None
     stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
