@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--admin-key", metavar="KEY", help="key for PUT /policy")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
+        "--request-log-share", type=float, metavar="SHARE",
+        help="share of successful requests logged as request_finished, 0 to 1 (failures always)",
+    )  # fmt: skip
+    parser.add_argument(
         "--prior", metavar="FILE", help="profile to start routing from (from `specroute tune`)"
     )
     parser.set_defaults(run=run)
@@ -58,6 +62,7 @@ def build_config(args: argparse.Namespace) -> Config:
         "api_keys": args.api_key,
         "admin_key": args.admin_key,
         "log_level": args.log_level,
+        "request_log_share": args.request_log_share,
         "prior": {"path": args.prior} if args.prior else None,
     }
     config = load_config(args.config, environ=os.environ, overrides=overrides)

@@ -45,6 +45,7 @@ from specroute.proxy.intake import (
 )
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply, shutting_down
+from specroute.proxy.request_log import RequestLogSampler
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
 
@@ -135,7 +136,7 @@ class Relay:
                 self._idle.set()
             if stop_watching is not None:
                 stop_watching()
-            ex.finish(state.metrics)
+            ex.finish(state.metrics, state.request_log)
 
     async def _forward(self, ex: Exchange, incoming: Incoming) -> None:
         """Attempts on distinct backends while failures happen before the first byte."""
@@ -319,8 +320,8 @@ class Exchange:
             return None
         return stream.ttft - (self.attempt_started - self.started)
 
-    def finish(self, metrics: ProxyMetrics) -> None:
-        """The one log line and the metrics of this request."""
+    def finish(self, metrics: ProxyMetrics, request_log: RequestLogSampler) -> None:
+        """The metrics of this request, and its one log line if `request_log` keeps it."""
         duration = time.perf_counter() - self.started
         reply, request = self.reply, self.request
         backend = self.backend or "-"
@@ -336,6 +337,8 @@ class Exchange:
                 metrics.ttft.observe((backend, steps), ttft)
             if meter.completion_tokens:
                 metrics.tokens.inc((backend, steps), meter.completion_tokens)
+        if not request_log.keep(failed=reply.status >= 400 or reply.error is not None):
+            return
         log.info(
             "request_finished",
             request_id=self.request_id,

@@ -14,6 +14,7 @@ from specroute.proxy.decisions import RecentDecisions
 from specroute.proxy.depths import DepthWatch
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.process import ProcessMonitor
+from specroute.proxy.request_log import RequestLogSampler
 
 __all__ = ["ProxyState"]
 
@@ -37,6 +38,7 @@ class ProxyState:
         )
         self.metrics = ProxyMetrics()
         self.decisions = RecentDecisions()
+        self.request_log = RequestLogSampler(config.request_log_share)
         self.process = ProcessMonitor()
         self.depths = DepthWatch(self.pool, config.health.interval_s)
         self.metrics.registry.register(ProxyGauges(self))
