@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 
 __all__ = ["register"]
@@ -49,12 +50,24 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--prompt-words", type=int, default=256, help="synthetic prompt length")
     g.add_argument("--dataset", help="prompts file (JSONL, or ShareGPT JSON with --dataset-format)")
-    g.add_argument("--dataset-format", choices=["jsonl", "sharegpt"], default="jsonl")
-    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument(
+        "--dataset-format",
+        choices=["jsonl", "sharegpt"],
+        default="jsonl",
+        help="--dataset's format",
+    )
+    g.add_argument("--max-tokens", type=int, default=256, help="tokens per reply")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--api", choices=["chat", "completions"], default="chat")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    g.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replies run to --max-tokens",
+    )
+    g.add_argument(
+        "--api", choices=["chat", "completions"], default="chat", help="the OpenAI route"
+    )
     g.add_argument("--model", help="model name (default: the first of /v1/models)")
     g.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into bodies")
     g.add_argument("--api-key")
@@ -64,7 +77,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-spec-details", action="store_true", help="do not ask for sglext.spec_tokens_details"
     )
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="prompts and sampling mix")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
 
 
@@ -76,13 +89,23 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plots", dest="plots_dir", help="directory for PNG plots")
     g.add_argument("--reference", help="published figures to print beside (seed-table JSON)")
     g.add_argument("--no-chunks", action="store_true", help="leave per-chunk timings out of JSON")
-    g.add_argument("--log-level", default="warning")
+    g.add_argument("--log-level", default="warning", help="the bench's own log")
 
 
 def _add_sweep(sub: Any) -> None:
-    p = sub.add_parser("sweep", help="targets x concurrency levels: the seed write-up's table")
+    p = sub.add_parser(
+        "sweep",
+        help="targets x concurrency levels: the seed write-up's table",
+        formatter_class=DefaultsHelp,
+    )
     p.add_argument("targets", nargs="+", help="URL or label=URL, e.g. steps1=http://h:30000")
-    p.add_argument("-c", "--concurrency", type=_ints, default=[1, 4, 16, 32, 64])
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=_ints,
+        default=[1, 4, 16, 32, 64],
+        help="closed-loop levels: users in flight, comma-separated",
+    )
     p.add_argument(
         "--rates",
         type=_floats,
@@ -91,8 +114,10 @@ def _add_sweep(sub: Any) -> None:
     )
     p.add_argument("--max-concurrency", type=int, help="cap on in-flight requests (Poisson)")
     p.add_argument("-n", "--requests", type=int, help="requests per level (default 2*C, min 3)")
-    p.add_argument("--requests-per-concurrency", type=float, default=2.0)
-    p.add_argument("--min-requests", type=int, default=3)
+    p.add_argument(
+        "--requests-per-concurrency", type=float, default=2.0, help="requests per level per user"
+    )
+    p.add_argument("--min-requests", type=int, default=3, help="fewest requests per level")
     p.add_argument("--duration", type=float, help="seconds of sending per level")
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests per target")
     p.add_argument("--workers", type=int, default=1, help="client processes per level")
@@ -102,7 +127,9 @@ def _add_sweep(sub: Any) -> None:
 
 
 def _add_trace(sub: Any) -> None:
-    p = sub.add_parser("trace", help="replay a scenario's phases against one target")
+    p = sub.add_parser(
+        "trace", help="replay a scenario's phases against one target", formatter_class=DefaultsHelp
+    )
     p.add_argument("scenario", help="scenario TOML (see scenarios/policy-eval.toml)")
     p.add_argument("target", help="URL of the target (a proxy or one backend)")
     p.add_argument(

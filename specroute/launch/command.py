@@ -12,6 +12,7 @@ from typing import Any
 
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
+from specroute.helpformat import DefaultsHelp
 from specroute.launch import reconfigure_flags
 from specroute.launch.plan import (
     ALGORITHMS,
@@ -48,7 +49,7 @@ DESCRIPTION = (
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "launch", help="start a pool of SGLang servers (one per depth) and the proxy",
-        description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=DESCRIPTION, formatter_class=DefaultsHelp,
     )
     add = parser.add_argument
     add("--model", default=None, help="model path or Hugging Face id (required unless --emulate)")

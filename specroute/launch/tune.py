@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from specroute.helpformat import DefaultsHelp
 from specroute.launch.plan import ALGORITHMS, EMULATED_MODEL, PlanError, parse_gpus, parse_steps
 
 __all__ = ["register", "run"]
@@ -60,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
     parser = subparsers.add_parser(
         "tune", help="measure every depth of a model and recommend depths and a pool mix",
-        description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=DESCRIPTION, formatter_class=DefaultsHelp,
     )
     add = parser.add_argument
     add("--model", default=None, help="model path or Hugging Face id (required unless --emulate)")

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from typing import Any
 
+from specroute.helpformat import first_paragraph
 from specroute.policies.registry import (
     PolicyFactory,
     available,
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser = subparsers.add_parser(
         "policies",
         help="list routing policies with their options",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=first_paragraph(__doc__),
     )
     parser.add_argument("name", nargs="?", help="show only this policy")
     parser.set_defaults(run=run)
