@@ -40,6 +40,7 @@ LEAVES = frozenset(
         "tasks",
         "prometheus",
         "profile_format",  # the profile file that bench and tune write and the pool reads
+        "exposure",  # loopback or not, and the keyless-proxy warning (serve, launch)
         "helpformat",  # the command line's help formatter
         "raw_path",  # a path parameter that may hold `//`, for the proxy and the emulator
         "plotting",  # matplotlib for the PNG writers (bench, tune), or what to install

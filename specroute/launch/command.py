@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
+from specroute.exposure import is_loopback, keyless_proxy_warning
 from specroute.helpformat import DefaultsHelp
 from specroute.launch import reconfigure_flags
 from specroute.launch.plan import (
@@ -182,24 +182,14 @@ def _check_policy_depth(config: Config, options: LaunchOptions) -> None:
 def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
     """Warnings for addresses beyond this machine: servers without keys, a proxy without."""
     notes = []
-    if not _loopback(options.host):
+    if not is_loopback(options.host):
         notes.append(
             f"warning: the SGLang servers listen on {options.host} and take no keys: keep that "
             "network private, or leave --server-host at 127.0.0.1"
         )
-    if not _loopback(config.host) and not config.api_keys:
-        notes.append(
-            f"warning: the proxy listens on {config.host} without api_keys: anyone who reaches "
-            "it can use it (--api-key, or api_keys in --config)"
-        )
+    if (keyless := keyless_proxy_warning(config.host, config.api_keys)) is not None:
+        notes.append(keyless)
     return notes
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _plan(args: argparse.Namespace) -> LaunchPlan:

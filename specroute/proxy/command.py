@@ -9,6 +9,7 @@ from typing import Any
 
 from specroute.config import Config, load_config, parse_backend
 from specroute.errors import ConfigError
+from specroute.exposure import keyless_proxy_warning
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create
 
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from specroute.proxy.app import create_app  # keeps `--help` fast
     from specroute.proxy.server import serve
 
+    if (keyless := keyless_proxy_warning(config.host, config.api_keys)) is not None:
+        print(keyless, file=sys.stderr)
     configure_logging(config.log_level)
     serve(create_app(config), config)
     return 0
