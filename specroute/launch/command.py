@@ -200,6 +200,8 @@ def _plan(args: argparse.Namespace) -> LaunchPlan:
     _check_policy_depth(config, options)
     for note in _exposure_notes(config, options):
         print(f"specroute launch: {note}", file=sys.stderr)
+    if options.emulate:
+        _check_as_real(options, args)
     detected = () if options.emulate or options.gpus is not None else detect_gpus()
     if not options.emulate and options.gpus is None and not detected:
         raise PlanError(
@@ -209,11 +211,28 @@ def _plan(args: argparse.Namespace) -> LaunchPlan:
     return build_plan(options, detected)
 
 
-def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | None] | None:
+def _check_as_real(options: LaunchOptions, args: argparse.Namespace) -> None:
+    """`--emulate` checks what a real pool would (PlanError), says what it leaves out."""
+    from specroute.launch.preflight import emulation_notes, real_plan
+
+    real = real_plan(options)
+    for note in emulation_notes(options):
+        print(f"specroute launch: --emulate: {note}", file=sys.stderr)
+    verdicts = _sglang_verdict(real, args, emulated=False) or ()
+    rejected = [f"{s.name}: {m}" for s, m in zip(real.servers, verdicts, strict=False) if m]
+    if rejected:
+        raise PlanError("SGLang rejects the real pool's " + "; ".join(rejected))
+
+
+def _sglang_verdict(
+    plan: LaunchPlan, args: argparse.Namespace, *, emulated: bool | None = None
+) -> list[str | None] | None:
     """SGLang's rejections, or None when the check does not apply or cannot run here."""
     from specroute.launch.sglang_check import sglang_installed
 
-    if args.emulate or args.no_sglang_check or not sglang_installed():
+    if (args.emulate if emulated is None else emulated) or args.no_sglang_check:
+        return None
+    if not sglang_installed():
         return None
     from specroute.launch.launcher import validate_with_sglang
 
@@ -227,6 +246,16 @@ def _with_depth_loop(plan: LaunchPlan, args: argparse.Namespace) -> tuple[Launch
     return reconfigure_flags.with_admin_key(plan, proxy_config(args).admin_key)
 
 
+def _cannot_start(plan: LaunchPlan) -> bool:
+    """Print why a server cannot possibly start (warnings for a dry run); True if one cannot."""
+    from specroute.launch.preflight import cannot_start
+
+    problems = [(s.name, p) for s in plan.servers for p in cannot_start(s.argv)]
+    for name, problem in problems:
+        print(f"specroute launch: {name} cannot start: {problem}", file=sys.stderr)
+    return bool(problems)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan, admin_key = _with_depth_loop(_plan(args), args)
@@ -238,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
     for server, message in rejected:
         print(f"specroute launch: SGLang rejects {server.name}: {message}", file=sys.stderr)
     if rejected:
+        return 2
+    if _cannot_start(plan) and not args.dry_run:
         return 2
     if args.dry_run:
         sys.stdout.write(format_plan(plan))
