@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -136,9 +137,11 @@ def test_malformed_requests_are_bad_requests(body: bytes, match: str) -> None:
         decode_fields("chat", body)
 
 
-def test_a_request_without_model_decodes_as_sglang_takes_it() -> None:
-    assert decode_fields("chat", b'{"messages":[]}').model is None
-    assert decode_fields("completions", b'{"prompt":"x"}').model is None
+def test_a_request_without_model_decodes_as_sglang_takes_it_but_not_a_null_one() -> None:
+    assert decode_fields("chat", b'{"messages":[]}').model is msgspec.UNSET
+    assert decode_fields("completions", b'{"prompt":"x"}').model is msgspec.UNSET
+    with pytest.raises(BadRequestError, match="model"):
+        decode_fields("chat", b'{"model":null,"messages":[]}')
 
 
 def test_workload_class_from_sampling_or_header() -> None:

@@ -107,10 +107,11 @@ class Intake:
             scope, receive, config.max_body_bytes, config.limits.body_timeout_s, hold
         )
         fields = decode_fields(route, body)
-        model = self._served_model(fields.model)
+        given = fields.model if isinstance(fields.model, str) else None
+        model = self._served_model(given)
         klass = self._workload_class(scope)
         forwarded, extras = upstream_body(body, fields, config.learn)
-        named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
+        named = fields if model in (None, given) else msgspec.structs.replace(fields, model=model)
         return Incoming(route_request(route, named, klass), forwarded, extras)
 
     def _served_model(self, model: str | None) -> str | None:
@@ -332,9 +333,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
 class RoutingFields(msgspec.Struct, kw_only=True):
     """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw). `model`
-    may be absent: SGLang serves such a request as its served model (its default name)."""
+    may be absent (SGLang serves such a request as its served model) but not null (SGLang's
+    schema refuses that too)."""
 
-    model: str | None = None
+    model: str | msgspec.UnsetType = msgspec.UNSET
     stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -409,7 +411,7 @@ def route_request(
     else:
         max_tokens = fields.max_completion_tokens or fields.max_tokens
         temperature, top_p, top_k, n = fields.temperature, fields.top_p, fields.top_k, fields.n
-    model = fields.model
+    model = fields.model if isinstance(fields.model, str) else None
     sampling = "greedy" if is_greedy(temperature, top_k) else "sampled"
     return RouteRequest(
         route=route,
