@@ -8,6 +8,7 @@ import itertools
 import socket
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,15 @@ def test_backoff_gives_a_level_up_after_give_up_s_and_the_next_level_probes_at_o
     assert gate.wait_s(2.5) is None
     gate.start_level(3.0)
     assert gate.wait_s(3.0) == 0.0
+
+
+def test_profile_of_a_run_where_nothing_succeeded_exits_1_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result, profile = tmp_path / "dead.json", tmp_path / "profile.json"
+    argv = ["bench", "sweep", url, "-c", "1", "-n", "1", "--warmup", "0", "--json", str(result)]
+    assert main(argv) == 1
+    assert main(["bench", "profile", str(result), "-o", str(profile)]) == 1
+    assert "no closed-loop level with a successful request" in capsys.readouterr().err
+    assert not profile.exists()

@@ -320,7 +320,19 @@ def _run_profile(args: argparse.Namespace) -> int:
     from specroute.bench.profile import encode_profile, profile_from_result
     from specroute.bench.report import load_result
 
-    data = encode_profile(profile_from_result(load_result(args.result), source=args.result))
+    try:
+        profile = profile_from_result(load_result(args.result), source=args.result)
+    except (OSError, msgspec.DecodeError) as exc:
+        print(f"specroute bench profile: {exc}", file=sys.stderr)
+        return 2
+    if not any(target.points for target in profile.targets):
+        print(
+            f"specroute bench profile: {args.result} has no closed-loop level with a successful "
+            "request: no profile written",
+            file=sys.stderr,
+        )
+        return 1
+    data = encode_profile(profile)
     if args.output:
         Path(args.output).write_bytes(data + b"\n")
     else:
