@@ -16,6 +16,9 @@ COPY --from=build /dist/*.whl /tmp/wheels/
 RUN pip install --no-cache-dir /tmp/wheels/*.whl && rm -rf /tmp/wheels
 USER 10001
 WORKDIR /home/specroute
+# 0.0.0.0 inside the container, so that a published port reaches it: set SPECROUTE_API_KEYS (or
+# api_keys in the config) before publishing beyond this machine; without keys the proxy warns at
+# start that anyone who reaches it can use it.
 ENV PYTHONUNBUFFERED=1 \
     SPECROUTE_HOST=0.0.0.0 \
     SPECROUTE_PORT=8000

@@ -1,23 +1,44 @@
 # Two commands for a newcomer: `make demo` and `make test`. Both create the environment from nothing.
+# `make demo` installs only what the demo runs (the proxy, the bench, its plots); `make test` adds
+# the test tools (no torch: the GPU benchmark's CPU-path test skips without `.[gpu-bench]`).
 PYTHON ?= python3
 VENV   ?= .venv
+PORT   ?= 8000
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+VENV_STAMP := $(VENV)/.venv-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
+TEST_STAMP := $(VENV)/.test-stamp
 
 .PHONY: install demo test lint types unit calibrate clean
 
-$(STAMP): pyproject.toml
+# pip's own progress shows (no --quiet: a first install takes a while); the last line says how
+# long the install took and how big the environment is.
+define pip_install
+@start=$$(date +%s); \
+$(PY) -m pip install -e '.[$(1)]' && \
+echo "make: installed .[$(1)] in $$(( $$(date +%s) - start )) s; $(VENV) is $$(du -sh $(VENV) | cut -f1)"
+endef
+
+$(VENV_STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "specroute needs Python 3.11 or newer")'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[bench,dev,gpu-bench]'
-	@touch $(STAMP)
+	$(PY) -m pip install --upgrade pip
+	@touch $@
 
-install: $(STAMP)
+$(DEMO_STAMP): pyproject.toml $(VENV_STAMP)
+	$(call pip_install,demo)
+	@touch $@
 
-demo: install
-	$(BIN)/specroute demo
+$(TEST_STAMP): pyproject.toml $(VENV_STAMP)
+	$(call pip_install,dev)
+	@touch $@ $(DEMO_STAMP)
+
+install: $(TEST_STAMP)
+
+# `make demo PORT=8080` serves somewhere else.
+demo: $(DEMO_STAMP)
+	$(BIN)/specroute demo --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check specroute tests benchmarks
@@ -31,7 +52,7 @@ unit: install
 
 test: lint types unit
 
-calibrate: install
+calibrate: $(DEMO_STAMP)
 	$(BIN)/specroute calibrate
 
 clean:

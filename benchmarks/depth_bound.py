@@ -299,7 +299,7 @@ def _verdicts(trace: str, results: dict[str, SimResult], env: Envelope, total: f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", action="append", choices=PROFILES, default=[])
     parser.add_argument("--trace", action="append", choices=sorted(TRACES), default=[])
     parser.add_argument("--pool", action="append", default=[], help="default: every pool")

@@ -367,7 +367,7 @@ def parse_restart(text: str) -> Manual:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="seed-qwen35-122b")
     parser.add_argument("--trace", default=str(ROOT / "scenarios" / "depth-swing.toml"))
     parser.add_argument("--pool", action="append", default=[], choices=sorted(pools()))

@@ -156,7 +156,7 @@ def render(fit_: Fit, title: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("result", type=Path, help="result.json from gpu_step_cost.py")
     parser.add_argument("--json", type=Path, help="write every fit's parameters here")
     args = parser.parse_args(argv)

@@ -50,7 +50,7 @@ def _ints(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen35-122b")
     p.add_argument("--layers", type=int, default=8, help="layers built and timed (the subset)")

@@ -289,7 +289,7 @@ def summary(phases: list[PhaseStats]) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="seed-qwen35-122b")
     parser.add_argument("--steps", default="1,2,3")
     parser.add_argument("--policy", action="append", default=[])

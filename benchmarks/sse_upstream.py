@@ -102,7 +102,7 @@ async def serve(port: int, events: int, tokens: int, interval: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--events", type=int, default=200, help="content chunks per reply")
     parser.add_argument("--tokens", type=int, default=1, help="tokens per chunk")

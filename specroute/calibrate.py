@@ -29,6 +29,7 @@ from specroute.emulator.fleet import emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES, get_profile
 from specroute.emulator.seed import SEED_AGGREGATE_TOK_S, SEED_PER_REQUEST_TOK_S, SEED_TOLERANCE
 from specroute.emulator.simulate import run_closed_loop
+from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 
 __all__ = ["TOLERANCE", "calibration_settings", "register", "run_calibration", "seed_reference"]
@@ -147,7 +148,7 @@ def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "calibrate",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
     parser.add_argument("--concurrency", default="1,4,16,32,64", help="comma-separated levels")

@@ -335,6 +335,10 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The largest request body; past it, 413."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """The lowest level logged."""
+    request_log_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
+    """The share of successful requests logged as `request_finished` (about 550 bytes of JSON
+    each), evenly spaced; failed ones always are. 0.01 turns 1.7 GB a day at 35 requests/s
+    into 17 MB."""
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = msgspec.field(default_factory=TimeoutConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)

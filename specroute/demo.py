@@ -26,6 +26,7 @@ from specroute.children import ChildFailed, spawn, stop_async, wait_exit, wait_r
 from specroute.cmdline import Subcommands
 from specroute.emulator.fleet import EmulatedServer, emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 
 __all__ = ["register"]
@@ -240,7 +241,7 @@ def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "demo",
         description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -220,3 +220,36 @@ def _switch_policy_from_the_page(page: playwright.Page, url: str) -> None:
     page.wait_for_function(
         "() => document.querySelector('#policy-name').textContent === 'throughput'"
     )
+
+
+def test_the_share_chart_leaves_idle_stretches_blank(demo: str) -> None:
+    """Traffic, a minute idle, traffic again: each depth's area is two pieces, not one drawn
+    across the idle minute."""
+
+    def samples(route: playwright.Route) -> None:
+        real = route.fetch().json()
+        template = real["samples"][-1]
+        busy = {"1": 2, "3": 1}
+        series = [
+            {**template, "t": float(t), "depths": busy if t < 20 or t >= 80 else {}}
+            for t in range(0, 100)
+        ]
+        route.fulfill(json={**real, "seq": 10_000, "samples": series})
+
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.route("**/dashboard/data*", samples)
+            page.goto(demo + "/dashboard")
+            page.wait_for_selector("#status.live")
+            page.wait_for_function(
+                "() => document.querySelectorAll('#share-chart polygon').length > 0"
+            )
+            pieces = page.eval_on_selector_all(
+                "#share-chart polygon", "els => els.map((e) => e.dataset.depth)"
+            )
+        finally:
+            browser.close()
+    assert len(pieces) == 4  # two depths, two stretches of traffic each
+    assert sorted(pieces) == ["1", "1", "3", "3"]

@@ -111,6 +111,15 @@ def test_models_list(client: openai.OpenAI) -> None:
     assert model.owned_by == "sglang"
 
 
+def test_models_retrieve_answers_the_served_model_and_404_for_others(
+    client: openai.OpenAI,
+) -> None:
+    (listed,) = client.models.list().data
+    assert client.models.retrieve(listed.id).id == listed.id
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
 def test_wrong_key_is_an_authentication_error(server: Server) -> None:
     with (
         openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0) as sdk,

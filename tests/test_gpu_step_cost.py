@@ -34,7 +34,8 @@ def gpu_fit(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One CPU run of the script on the tiny shape (seconds), shared by the tests below."""
-    pytest.importorskip("torch")
+    reason = "the CPU path needs torch: pip install -e '.[gpu-bench]' (make test leaves it out)"
+    pytest.importorskip("torch", reason=reason)
     out = tmp_path_factory.mktemp("step-cost")
     with pytest.MonkeyPatch.context() as mp:
         step_cost = _load("gpu_step_cost", mp)

@@ -45,6 +45,10 @@ LEAVES = frozenset(
         "prometheus",
         "profile_format",  # the profile file that bench and tune write and the pool reads
         "recommend",  # what a profile recommends: tune reports it, launch starts it
+        "exposure",  # loopback or not, and the keyless-proxy warning (serve, launch)
+        "helpformat",  # the command line's help formatter
+        "raw_path",  # a path parameter that may hold `//`, for the proxy and the emulator
+        "plotting",  # matplotlib for the PNG writers (bench, tune), or what to install
         "structdoc",  # field docstrings and type words for help and the example config
     }
 )

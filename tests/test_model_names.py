@@ -149,6 +149,38 @@ def test_two_model_pool_refuses_a_name_it_does_not_serve_listing_what_it_serves(
     assert f"served: {MODEL}, {OTHER}" in error.message
 
 
+def test_without_model_a_one_model_pool_answers_as_its_server_does(
+    backends: tuple[Server, Server], one_model: Server
+) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    direct = httpx.post(backends[0].url + "/v1/chat/completions", json=body)
+    proxied = httpx.post(one_model.url + "/v1/chat/completions", json=body)
+    assert direct.status_code == proxied.status_code == 200, proxied.text
+    assert proxied.json()["model"] == direct.json()["model"]
+    assert proxied.json()["choices"] == direct.json()["choices"]
+
+
+def test_without_model_a_two_model_pool_asks_for_one_naming_them(two_models: Server) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 4}
+    reply = httpx.post(two_models.url + "/v1/chat/completions", json=body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert (error["param"], error["type"]) == ("model", "invalid_request_error")
+    assert f"serves several models ({MODEL}, {OTHER})" in error["message"]
+
+
+@pytest.mark.parametrize("model", [MODEL, OTHER])
+def test_models_retrieve_finds_either_through_a_two_model_pool_as_from_its_server(
+    backends: tuple[Server, Server], two_models: Server, model: str
+) -> None:
+    with _client(two_models) as sdk:
+        assert sdk.models.retrieve(model).id == model
+        with pytest.raises(openai.NotFoundError):
+            sdk.models.retrieve("default")
+    with _client(backends[0 if model == MODEL else 1]) as direct:
+        assert direct.models.retrieve(model).id == model
+
+
 @pytest.mark.parametrize(
     ("model", "served", "expected"),
     [

@@ -4,6 +4,7 @@ as sent; in `advise` the plan shows a paying change and nothing is drained or re
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
 
 import httpx
@@ -81,6 +82,18 @@ async def _advise(emulator: Server) -> tuple[dict[str, Any], dict[str, float], l
             plan = (await client.get("/plan")).json()
             metrics = parse_metrics((await client.get("/metrics")).text)
         return plan, metrics, restarts, app.state.pool.holds.state("a")
+
+
+def test_plan_times_are_given_as_wall_clock_utc_beside_the_ages(emulator: Server) -> None:
+    plan, _, _, _ = asyncio.run(_advise(emulator))
+    published = datetime.datetime.fromisoformat(plan["published_at"])
+    assert plan["published_at"].endswith("Z")  # as the log lines' timestamps
+    assert abs((datetime.datetime.now(datetime.UTC) - published).total_seconds()) < 60
+    made = datetime.datetime.fromisoformat(plan["plan_made_at"])
+    assert abs((published - made).total_seconds() - plan["plan_age_s"]) <= 1
+    for server in plan["servers"]:
+        since = datetime.datetime.fromisoformat(server["since"])
+        assert abs((published - since).total_seconds() - server["since_s"]) <= 1
 
 
 def test_advise_publishes_a_paying_change_and_changes_nothing(emulator: Server) -> None:

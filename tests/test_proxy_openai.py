@@ -116,6 +116,22 @@ def test_models_lists_the_pools_model(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == [MODEL]
 
 
+def test_models_retrieve_through_the_proxy_as_against_sglang(client: openai.OpenAI) -> None:
+    model = client.models.retrieve(MODEL)
+    assert (model.id, model.owned_by) == (MODEL, "sglang")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("no-such-model")
+    assert caught.value.code == "model_not_found"
+
+
+def test_a_chat_request_without_model_is_served_by_the_pools_model(proxy: Server) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    reply = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=_auth())
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 5
+    assert reply.headers["x-specroute-backend"]
+
+
 def test_proxied_stream_matches_direct_stream_except_removed_extras(
     proxy: Server, backends: list[Server]
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -126,7 +127,7 @@ def test_upstream_body_is_untouched_when_client_asked_for_everything() -> None:
     ("body", "match"),
     [
         (b'{"model":"m"', "not valid JSON"),
-        (b'{"messages":[]}', "model"),
+        (b'{"model":3,"messages":[]}', "model"),
         (b'{"model":"m"}', "messages"),
         (b'{"model":"m","messages":[],"temperature":"hot"}', "temperature"),
     ],
@@ -134,6 +135,13 @@ def test_upstream_body_is_untouched_when_client_asked_for_everything() -> None:
 def test_malformed_requests_are_bad_requests(body: bytes, match: str) -> None:
     with pytest.raises(BadRequestError, match=match):
         decode_fields("chat", body)
+
+
+def test_a_request_without_model_decodes_as_sglang_takes_it_but_not_a_null_one() -> None:
+    assert decode_fields("chat", b'{"messages":[]}').model is msgspec.UNSET
+    assert decode_fields("completions", b'{"prompt":"x"}').model is msgspec.UNSET
+    with pytest.raises(BadRequestError, match="model"):
+        decode_fields("chat", b'{"model":null,"messages":[]}')
 
 
 def test_workload_class_from_sampling_or_header() -> None:
@@ -167,7 +175,7 @@ def test_greedy_as_sglang_decides_it(sampling: bytes, klass: str) -> None:
     ("body", "param"),
     [
         (b'{"model":"m","messages":[],"max_tokens":"64"}', "max_tokens"),
-        (b'{"messages":[]}', "model"),
+        (b'{"model":3,"messages":[]}', "model"),
         (
             b'{"model":"m","messages":[],"stream_options":{"include_usage":3}}',
             "stream_options.include_usage",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from specroute.bench.backoff import ConnectBackoff
 from specroute.bench.timing import estimate_tokens, spread_total, tokens_from_cumulative
 from specroute.bench.workload import PreparedRequest
 from specroute.sse import DONE, SSEDecoder
@@ -228,6 +229,7 @@ class BenchClient:
         self._session: aiohttp.ClientSession | None = None
         self.chunks = 0
         """Every SSE event received by this client (for its self-measurement)."""
+        self._backoffs: dict[str, ConnectBackoff] = {}
 
     async def __aenter__(self) -> BenchClient:
         import aiohttp
@@ -249,6 +251,10 @@ class BenchClient:
         if self._session is None:
             raise RuntimeError("BenchClient used outside `async with`")
         return self._session
+
+    def backoff(self, base_url: str) -> ConnectBackoff:
+        """The closed-loop users' backoff for one target, kept across its levels."""
+        return self._backoffs.setdefault(base_url, ConnectBackoff())
 
     async def get(self, url: str) -> bytes | None:
         """The body of a GET, or None when the server does not answer 200."""

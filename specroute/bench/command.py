@@ -12,11 +12,14 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from specroute.cmdline import Subcommands
+from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 
 __all__ = ["register"]
 
 T = TypeVar("T")
+PROGRESS_EVERY_S = 10.0
+"""Off a terminal (CI, nohup), a progress line this often, besides one per finished level."""
 
 
 def _run(coro: Coroutine[Any, Any, T]) -> T:
@@ -48,11 +51,21 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--prompt-words", type=int, default=256, help="synthetic prompt length")
     g.add_argument("--dataset", help="prompts file (JSONL, or ShareGPT JSON with --dataset-format)")
-    g.add_argument("--dataset-format", choices=["jsonl", "sharegpt"], default="jsonl")
-    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument(
+        "--dataset-format",
+        choices=["jsonl", "sharegpt"],
+        default="jsonl",
+        help="--dataset's format",
+    )
+    g.add_argument("--max-tokens", type=int, default=256, help="tokens per reply")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
+    g.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replies run to --max-tokens",
+    )
     g.add_argument(
         "--api",
         choices=["chat", "completions", "responses", "messages"],
@@ -68,7 +81,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--no-spec-details", action="store_true", help="do not ask for sglext.spec_tokens_details"
     )
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="prompts and sampling mix")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
 
 
@@ -80,13 +93,23 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plots", dest="plots_dir", help="directory for PNG plots")
     g.add_argument("--reference", help="published figures to print beside (seed-table JSON)")
     g.add_argument("--no-chunks", action="store_true", help="leave per-chunk timings out of JSON")
-    g.add_argument("--log-level", default="warning")
+    g.add_argument("--log-level", default="warning", help="the bench's own log")
 
 
 def _add_sweep(sub: Any) -> None:
-    p = sub.add_parser("sweep", help="targets x concurrency levels: the seed write-up's table")
+    p = sub.add_parser(
+        "sweep",
+        help="targets x concurrency levels: the seed write-up's table",
+        formatter_class=DefaultsHelp,
+    )
     p.add_argument("targets", nargs="+", help="URL or label=URL, e.g. steps1=http://h:30000")
-    p.add_argument("-c", "--concurrency", type=_ints, default=[1, 4, 16, 32, 64])
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=_ints,
+        default=[1, 4, 16, 32, 64],
+        help="closed-loop levels: users in flight, comma-separated",
+    )
     p.add_argument(
         "--rates",
         type=_floats,
@@ -95,8 +118,10 @@ def _add_sweep(sub: Any) -> None:
     )
     p.add_argument("--max-concurrency", type=int, help="cap on in-flight requests (Poisson)")
     p.add_argument("-n", "--requests", type=int, help="requests per level (default 2*C, min 3)")
-    p.add_argument("--requests-per-concurrency", type=float, default=2.0)
-    p.add_argument("--min-requests", type=int, default=3)
+    p.add_argument(
+        "--requests-per-concurrency", type=float, default=2.0, help="requests per level per user"
+    )
+    p.add_argument("--min-requests", type=int, default=3, help="fewest requests per level")
     p.add_argument("--duration", type=float, help="seconds of sending per level")
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests per target")
     p.add_argument("--workers", type=int, default=1, help="client processes per level")
@@ -106,7 +131,9 @@ def _add_sweep(sub: Any) -> None:
 
 
 def _add_trace(sub: Any) -> None:
-    p = sub.add_parser("trace", help="replay a scenario's phases against one target")
+    p = sub.add_parser(
+        "trace", help="replay a scenario's phases against one target", formatter_class=DefaultsHelp
+    )
     p.add_argument("scenario", help="scenario TOML (see scenarios/policy-eval.toml)")
     p.add_argument("target", help="URL of the target (a proxy or one backend)")
     p.add_argument(
@@ -206,6 +233,31 @@ def _write_outputs(args: argparse.Namespace, result: Any, reference: Any) -> Non
             print(f"wrote {path}", file=sys.stderr)
 
 
+def _plots_ready(args: argparse.Namespace, command: str) -> bool:
+    """Asked for plots without matplotlib: say which extra to install before any work."""
+    from specroute.plotting import plots_missing
+
+    if args.plots_dir and (missing := plots_missing()) is not None:
+        print(f"specroute bench {command}: --plots: {missing}", file=sys.stderr)
+        return False
+    return True
+
+
+def _exit_status(command: str, result: Any) -> int:
+    """Print how many requests failed; 1 when none succeeded (a dead target is no result)."""
+    succeeded = sum(lv.summary.succeeded for lv in result.levels)
+    failed = sum(lv.summary.errors for lv in result.levels)
+    if failed:
+        print(
+            f"specroute bench {command}: {failed} of {succeeded + failed} requests failed",
+            file=sys.stderr,
+        )
+    if succeeded == 0:
+        print(f"specroute bench {command}: no request succeeded", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _run_sweep(args: argparse.Namespace) -> int:
     from specroute.bench.progress import Progress
     from specroute.bench.reference import load_reference
@@ -213,16 +265,18 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from specroute.bench.sweep import run_sweep
 
     configure_logging(args.log_level)
+    if not _plots_ready(args, "sweep"):
+        return 2
     try:
         settings = _sweep_settings(args)
     except (ValueError, msgspec.ValidationError) as exc:
         print(f"specroute bench sweep: {exc}", file=sys.stderr)
         return 2
     reference = load_reference(args.reference) if args.reference else None
-    result = _run(run_sweep(settings, progress=Progress()))
+    result = _run(run_sweep(settings, progress=Progress(every_s=PROGRESS_EVERY_S)))
     print(render_table(result, reference))
     _write_outputs(args, result, reference)
-    return 1 if all(lv.summary.succeeded == 0 for lv in result.levels) else 0
+    return _exit_status("sweep", result)
 
 
 def _run_trace(args: argparse.Namespace) -> int:
@@ -231,6 +285,8 @@ def _run_trace(args: argparse.Namespace) -> int:
     from specroute.bench.trace import load_scenario, run_trace
 
     configure_logging(args.log_level)
+    if not _plots_ready(args, "trace"):
+        return 2
     try:
         scenario = load_scenario(args.scenario)
     except (OSError, ValueError, msgspec.ValidationError) as exc:
@@ -244,12 +300,12 @@ def _run_trace(args: argparse.Namespace) -> int:
             model=args.model,
             api_key=args.api_key,
             seed=args.seed,
-            progress=Progress(),
+            progress=Progress(every_s=PROGRESS_EVERY_S),
         )
     )
     print(render_table(result))
     _write_outputs(args, result, None)
-    return 0
+    return _exit_status("trace", result)
 
 
 def _run_compare(args: argparse.Namespace) -> int:
@@ -270,7 +326,19 @@ def _run_profile(args: argparse.Namespace) -> int:
     from specroute.bench.profile import encode_profile, profile_from_result
     from specroute.bench.report import load_result
 
-    data = encode_profile(profile_from_result(load_result(args.result), source=args.result))
+    try:
+        profile = profile_from_result(load_result(args.result), source=args.result)
+    except (OSError, msgspec.DecodeError) as exc:
+        print(f"specroute bench profile: {exc}", file=sys.stderr)
+        return 2
+    if not any(target.points for target in profile.targets):
+        print(
+            f"specroute bench profile: {args.result} has no closed-loop level with a successful "
+            "request: no profile written",
+            file=sys.stderr,
+        )
+        return 1
+    data = encode_profile(profile)
     if args.output:
         Path(args.output).write_bytes(data + b"\n")
     else:

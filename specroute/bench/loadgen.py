@@ -70,17 +70,29 @@ class Load:
 
 async def closed_loop(load: Load, concurrency: int) -> list[RequestRecord]:
     """`concurrency` users in lock-step with their replies until the budget or deadline ends;
-    requests in flight at the deadline run to completion."""
+    requests in flight at the deadline run to completion. While the target gives no HTTP answer
+    the users back off (`ConnectBackoff`): a dead port is not flooded."""
     records: list[RequestRecord] = []
     counter = iter(range(load.first_index, load.first_index + (load.requests or 1 << 62)))
     deadline = None if load.duration is None else load.now() + load.duration
+    gate = load.client.backoff(load.url)
+    gate.start_level(time.monotonic())
 
     async def user() -> None:
         while deadline is None or load.now() < deadline:
+            pause = gate.wait_s(time.monotonic())
+            if pause is None:
+                return
+            if pause > 0:  # the target gave no answer lately: one user probes, the rest wait
+                left = None if deadline is None else deadline - load.now()
+                await asyncio.sleep(pause if left is None else max(0.0, min(pause, left)))
+                continue
             index = next(counter, None)
             if index is None:
                 return
-            records.append(await load.send(index, load.now()))
+            record = await load.send(index, load.now())
+            gate.record(reached=record.status != 0, now=time.monotonic())
+            records.append(record)
 
     async with asyncio.TaskGroup() as group:
         for _ in range(concurrency):

@@ -1,15 +1,19 @@
 """From a decoded request to what the engine needs, with SGLang's validation and messages.
 
 Each `*_plan` function returns a `Plan` (prompt size, output budget, sampling class, the text
-that seeds the reply) or raises `Rejected` carrying SGLang's message for that mistake.
+that seeds the reply, the stop strings) or raises `Rejected` carrying SGLang's message for that
+mistake. The sampling checks are SGLang's `SamplingParams.verify`
+(python/sglang/srt/sampling/sampling_params.py), the length checks its OpenAI protocol and
+serving code (python/sglang/srt/entrypoints/openai/protocol.py, serving_chat.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from specroute.emulator.profiles import sampling_class
-from specroute.emulator.text import chat_prompt_tokens, count_words
+from specroute.emulator.text import StopMatch, chat_prompt_tokens, count_words, find_stop
 from specroute.emulator.wire import ChatRequest, CompletionRequest, GenerateRequest
 
 __all__ = ["Plan", "Rejected", "chat_plan", "completion_plan", "generate_plan"]
@@ -34,6 +38,21 @@ class Plan:
     max_new_tokens: int
     klass: str
     ignore_eos: bool
+    stop: StopMatch | None = None
+    """Where one of the request's `stop` strings ends it, if one does."""
+
+
+def _stop(stop: str | list[str] | None, seed: int, prompt: str, max_new: int) -> StopMatch | None:
+    stops = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
+    return find_stop(seed, prompt, stops, max_new)
+
+
+def _verify_sampling(temperature: float | None, top_p: float | None) -> None:
+    """SGLang's `SamplingParams.verify` for the parameters the emulator reads (None: default)."""
+    if temperature is not None and (not math.isfinite(temperature) or temperature < 0.0):
+        raise Rejected(f"temperature must be a non-negative finite number, got {temperature}.")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise Rejected(f"top_p must be in (0, 1], got {top_p}.")
 
 
 def _lora_check(model: str, served: str, lora_path: object) -> None:
@@ -80,7 +99,7 @@ def _single_n(n: int) -> None:
         raise Rejected(f"n={n} is not supported by the specroute emulator; send n=1.")
 
 
-def chat_plan(req: ChatRequest, *, served: str, context: int) -> Plan:
+def chat_plan(req: ChatRequest, *, served: str, context: int, seed: int = 0) -> Plan:
     if not req.messages:
         raise Rejected("Messages cannot be empty.")
     _single_n(req.n)
@@ -91,15 +110,18 @@ def chat_plan(req: ChatRequest, *, served: str, context: int) -> Plan:
             f"{context} completion tokens."
         )
     _lora_check(req.model, served, req.lora_path)
+    _verify_sampling(req.temperature, req.top_p)
     contents = [m.text() for m in req.messages]
     prompt_tokens = chat_prompt_tokens(contents)
     prompt_text = "\n".join(f"{m.role}: {c}" for m, c in zip(req.messages, contents, strict=True))
+    budget = _budget(prompt_tokens, max_new, context)
     return Plan(
         prompt_tokens=prompt_tokens,
         prompt_text=prompt_text,
-        max_new_tokens=_budget(prompt_tokens, max_new, context),
+        max_new_tokens=budget,
         klass=sampling_class(req.temperature, req.top_k),
         ignore_eos=req.ignore_eos,
+        stop=_stop(req.stop, seed, prompt_text, budget),
     )
 
 
@@ -114,7 +136,7 @@ def _prompt(prompt: object) -> tuple[int, str]:
     raise Rejected("Batched prompts are not supported by the specroute emulator; send one.")
 
 
-def completion_plan(req: CompletionRequest, *, served: str, context: int) -> Plan:
+def completion_plan(req: CompletionRequest, *, served: str, context: int, seed: int = 0) -> Plan:
     if req.max_tokens <= 0:
         raise Rejected("Value error, max_tokens must be positive", type="Bad Request")
     prompt = req.prompt
@@ -122,27 +144,34 @@ def completion_plan(req: CompletionRequest, *, served: str, context: int) -> Pla
         raise Rejected("Prompt cannot be empty")
     _single_n(req.n)
     _lora_check(req.model, served, req.lora_path)
+    _verify_sampling(req.temperature, req.top_p)
     tokens, text = _prompt(prompt)
+    budget = _budget(tokens, req.max_tokens, context)
     return Plan(
         prompt_tokens=tokens,
         prompt_text=text,
-        max_new_tokens=_budget(tokens, req.max_tokens, context),
+        max_new_tokens=budget,
         klass=sampling_class(req.temperature, req.top_k),
         ignore_eos=req.ignore_eos,
+        stop=_stop(req.stop, seed, text, budget),
     )
 
 
-def generate_plan(req: GenerateRequest, *, context: int) -> Plan:
+def generate_plan(req: GenerateRequest, *, context: int, seed: int = 0) -> Plan:
     source: object = req.text if req.text is not None else req.input_ids
     if source is None:
         raise Rejected("Either text, input_ids or input_embeds should be provided.")
     tokens, text = _prompt(source)
     params = req.sampling_params
     max_new = params.max_new_tokens if params else 128
+    if params:
+        _verify_sampling(params.temperature, params.top_p)
+    budget = _budget(tokens, max_new, context)
     return Plan(
         prompt_tokens=tokens,
         prompt_text=text,
-        max_new_tokens=_budget(tokens, max_new, context),
+        max_new_tokens=budget,
         klass=sampling_class(params.temperature, params.top_k) if params else "high",
         ignore_eos=params.ignore_eos if params else False,
+        stop=_stop(params.stop, seed, text, budget) if params else None,
     )

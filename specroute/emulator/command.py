@@ -16,6 +16,7 @@ from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.faults import EXIT_STATUS
 from specroute.emulator.options import SGLANG_PORT, SPEC_ALGORITHMS, EmulatorOptions
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
@@ -45,20 +46,11 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-class _Help(argparse.ArgumentDefaultsHelpFormatter):
-    """Show defaults, except the empty ones (None, False) that say nothing."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-
 def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "emulate",
         description=DESCRIPTION,
-        formatter_class=_Help,
+        formatter_class=DefaultsHelp,
     )
     _server_flags(parser.add_argument_group("server (SGLang's flags)"))
     _emulation_flags(parser.add_argument_group("emulation"))

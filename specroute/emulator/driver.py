@@ -129,6 +129,7 @@ class Driver:
         ignore_eos: bool,
         stream: bool,
         record: bool = True,
+        stop_at: int | None = None,
     ) -> Job:
         """Queue a request; raises ValueError for a request id already in flight."""
         seq = self.engine.submit(
@@ -137,6 +138,7 @@ class Driver:
             max_new_tokens=max_new_tokens,
             klass=klass,
             ignore_eos=ignore_eos,
+            stop_at=stop_at,
         )
         job = Job(seq, stream=stream, created=time.perf_counter(), record=record)
         self.jobs[rid] = job

@@ -124,12 +124,17 @@ class Engine:
         max_new_tokens: int,
         klass: str,
         ignore_eos: bool,
+        stop_at: int | None = None,
     ) -> Req:
-        """Queue a request; it runs once a slot under `max_running_requests` frees up."""
+        """Queue a request; it runs once a slot under `max_running_requests` frees up. It ends
+        at EOS (a drawn length) unless `ignore_eos`, at `stop_at` tokens (a stop string), or at
+        `max_new_tokens` (0: right after its prefill, with no token, as SGLang)."""
         if rid in self._by_rid:
             raise ValueError(f"duplicate request id {rid!r}")
-        max_new_tokens = max(1, max_new_tokens)
+        max_new_tokens = max(0, max_new_tokens)
         target = max_new_tokens if ignore_eos else min(max_new_tokens, self._draw_length())
+        if stop_at is not None:
+            target = min(target, stop_at)
         seq = Req(
             rid=rid,
             prompt_tokens=prompt_tokens,

@@ -186,7 +186,7 @@ class Emulator:
         except msgspec.DecodeError as exc:
             return openai_error(str(exc), kind="Bad Request")
         try:
-            plan = generate_plan(req, context=self.context_length)
+            plan = generate_plan(req, context=self.context_length, seed=self.options.seed)
             job = self.submit(req.rid, plan, stream=req.stream)
         except ValueError as exc:
             return json_response({"error": {"message": str(exc)}}, 400)
@@ -213,7 +213,9 @@ class Emulator:
     ) -> tuple[Plan, Job] | Response[Any]:
         """Plan and queue an OpenAI request, or the OpenAI error that refuses it."""
         try:
-            plan = make_plan(req, served=self.served, context=self.context_length)
+            plan = make_plan(
+                req, served=self.served, context=self.context_length, seed=self.options.seed
+            )
             return plan, self.submit(req.rid, plan, stream=req.stream)
         except Rejected as exc:
             return openai_error(str(exc), kind=exc.type)
@@ -228,13 +230,15 @@ class Emulator:
             klass=plan.klass,
             ignore_eos=plan.ignore_eos,
             stream=stream,
+            stop_at=None if plan.stop is None else plan.stop.tokens,
         )
 
     def reply(self, job: Job, plan: Plan, model: str, **extra: Any) -> Reply:
         return Reply(
             job,
-            TextSource(self.options.seed, plan.prompt_text),
+            TextSource(self.options.seed, plan.prompt_text, plan.stop.chars if plan.stop else None),
             model=model,
+            stop=plan.stop,
             created=int(time.time()),
             malformed=job.stream and self.faults.malformed_stream(),
             **extra,

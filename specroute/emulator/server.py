@@ -22,6 +22,7 @@ from specroute.emulator.options import EmulatorOptions
 from specroute.emulator.runtime import Emulator, json_response, openai_error
 from specroute.emulator.wire import ErrorResponse
 from specroute.prometheus import CONTENT_TYPE
+from specroute.raw_path import path_after
 
 __all__ = ["build", "create_app"]
 
@@ -162,8 +163,10 @@ class InfoRoutes(Controller):
         return json_response({"object": "list", "data": [card]})
 
     @get("/v1/models/{model:path}")
-    async def model(self, emu: Emulator, model: str) -> Response[bytes]:
-        name = model.lstrip("/")
+    async def model(
+        self, request: Request[Any, Any, Any], emu: Emulator, model: str
+    ) -> Response[bytes]:
+        name = path_after(request.scope, "/v1/models/") or model.lstrip("/")
         if name != emu.served:
             error = {
                 "message": f"The model '{name}' does not exist",

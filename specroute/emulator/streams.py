@@ -12,7 +12,7 @@ from typing import Any
 
 from specroute.emulator.driver import Driver, Job
 from specroute.emulator.faults import MALFORMED_EVENT, Faults
-from specroute.emulator.text import EOS_TOKEN_ID, TextSource
+from specroute.emulator.text import EOS_TOKEN_ID, StopMatch, TextSource
 from specroute.emulator.wire import encode, finish_reason_json, spec_details, usage
 
 __all__ = ["DONE_EVENT", "Reply", "Responder"]
@@ -34,6 +34,7 @@ class Reply:
         "model",
         "rid",
         "source",
+        "stop",
         "want_spec",
     )
 
@@ -49,6 +50,7 @@ class Reply:
         want_spec: bool = False,
         echo: str = "",
         malformed: bool = False,
+        stop: StopMatch | None = None,
     ) -> None:
         self.job = job
         self.rid = job.rid
@@ -60,14 +62,20 @@ class Reply:
         self.want_spec = want_spec
         self.echo = echo
         self.malformed = malformed
+        self.stop = stop
 
     def envelope(self, kind: str) -> dict[str, Any]:
         return {"id": self.rid, "object": kind, "created": self.created, "model": self.model}
 
-    def finish(self) -> tuple[str | None, int | None]:
-        """(finish_reason, matched_stop) as the OpenAI routes report them."""
+    def finish(self) -> tuple[str | None, int | str | None]:
+        """(finish_reason, matched_stop) as the OpenAI routes report them: the stop string
+        when one ended the request, else EOS's token id."""
         reason = self.job.finish_reason
-        return reason, EOS_TOKEN_ID if reason == "stop" else None
+        if reason != "stop":
+            return reason, None
+        if self.stop is not None and self.job.produced >= self.stop.tokens:
+            return reason, self.stop.matched
+        return reason, EOS_TOKEN_ID
 
 
 class Responder:

@@ -9,29 +9,39 @@ index; a natural stop matches `EOS_TOKEN_ID` (Qwen's `<|im_end|>`).
 Prompts: the number of whitespace-separated words. Chat adds a template overhead of
 `CHAT_TOKENS_PER_MESSAGE` per message (role markers) plus `CHAT_GENERATION_PROMPT_TOKENS` for
 the assistant header, roughly what a ChatML template costs. Token-id prompts count their ids.
+
+Stop strings: `find_stop` reads the same words as SGLang reads decoded text after each token:
+the request ends at the token that completes the first of its `stop` strings, and the reply's
+text is cut where that string begins (SGLang's trim); the tokens still count in `usage`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 __all__ = [
     "CHAT_GENERATION_PROMPT_TOKENS",
     "CHAT_TOKENS_PER_MESSAGE",
     "EOS_TOKEN_ID",
+    "STOP_SCAN_TOKENS",
     "TOKEN_ID_BASE",
     "VOCABULARY",
+    "StopMatch",
     "TextSource",
     "chat_prompt_tokens",
     "count_words",
+    "find_stop",
 ]
 
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_GENERATION_PROMPT_TOKENS = 3
 EOS_TOKEN_ID = 151645
 TOKEN_ID_BASE = 1000
+STOP_SCAN_TOKENS = 8192
+"""How far `find_stop` reads ahead: a stop string not met by then never stops the request."""
 
 _VOCABULARY_TEXT = """
     the of and to in is that for it as with was on be by this are from at or an have not
@@ -73,13 +83,15 @@ def chat_prompt_tokens(contents: Iterable[str]) -> int:
 
 
 class TextSource:
-    """One request's output: successive calls continue a single seeded word sequence."""
+    """One request's output: successive calls continue a single seeded word sequence, cut at
+    `limit_chars` characters in all (a matched stop string's start) when given."""
 
-    __slots__ = ("_choices",)
+    __slots__ = ("_choices", "_left")
 
-    def __init__(self, seed: int, prompt: str) -> None:
+    def __init__(self, seed: int, prompt: str, limit_chars: int | None = None) -> None:
         digest = hashlib.blake2b(prompt.encode(), digest_size=8, key=str(seed).encode()).digest()
         self._choices = random.Random(int.from_bytes(digest, "big")).choices
+        self._left = limit_chars
 
     def take(self, tokens: int) -> list[int]:
         """Indices into `VOCABULARY` of the next `tokens` words."""
@@ -91,8 +103,39 @@ class TextSource:
 
     def text(self, tokens: int) -> str:
         """The next `tokens` words as text, each with its leading space."""
-        return "".join(self._choices(_WORDS, k=tokens))
+        text = "".join(self._choices(_WORDS, k=tokens))
+        if self._left is None:
+            return text
+        text, self._left = text[: self._left], max(0, self._left - len(text))
+        return text
 
     @staticmethod
     def token_ids(indices: list[int]) -> list[int]:
         return [TOKEN_ID_BASE + i for i in indices]
+
+
+@dataclass(frozen=True, slots=True)
+class StopMatch:
+    """Where a stop string ends a request: after `tokens` tokens, its text cut to `chars`."""
+
+    tokens: int
+    chars: int
+    matched: str
+
+
+def find_stop(seed: int, prompt: str, stops: Sequence[str], max_tokens: int) -> StopMatch | None:
+    """The first token (up to `max_tokens`, at most `STOP_SCAN_TOKENS`) after which one of
+    `stops` appears in the request's text; the first such string in the client's order wins,
+    as in SGLang's `Req.check_finished`."""
+    if not stops:
+        return None
+    source, text = TextSource(seed, prompt), ""
+    longest = max(len(s) for s in stops)
+    for tokens in range(1, min(max_tokens, STOP_SCAN_TOKENS) + 1):
+        word = source.text(1)
+        text += word
+        tail = text[-(longest + len(word)) :]
+        for stop in stops:
+            if stop in tail:
+                return StopMatch(tokens=tokens, chars=text.find(stop), matched=stop)
+    return None

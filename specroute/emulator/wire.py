@@ -64,7 +64,9 @@ class ChatRequest(msgspec.Struct):
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = None
+    top_p: float | None = None
     top_k: int | None = None
+    stop: str | list[str] | None = None
     ignore_eos: bool = False
     return_spec_tokens_details: bool = False
     rid: str | None = None
@@ -81,7 +83,9 @@ class CompletionRequest(msgspec.Struct):
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float = 1.0
+    top_p: float = 1.0
     top_k: int = -1
+    stop: str | list[str] | None = None
     ignore_eos: bool = False
     return_spec_tokens_details: bool = False
     echo: bool = False
@@ -94,7 +98,9 @@ class SamplingParams(msgspec.Struct):
 
     max_new_tokens: int | None = 128
     temperature: float = 1.0
+    top_p: float = 1.0
     top_k: int = -1
+    stop: str | list[str] | None = None
     ignore_eos: bool = False
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import structlog
 from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config
 from specroute.errors import ConfigError
+from specroute.exposure import is_loopback, keyless_proxy_warning
+from specroute.helpformat import DefaultsHelp
 from specroute.launch.argv import (
     LaunchOptions,
     LaunchPlan,
@@ -52,7 +53,7 @@ DESCRIPTION = (
 def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "launch",
-        description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=DESCRIPTION, formatter_class=DefaultsHelp,
     )
     add = parser.add_argument
     add("--steps", default=None,
@@ -195,24 +196,14 @@ def _check_policy_depth(config: Config, options: LaunchOptions) -> None:
 def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
     """Warnings for addresses beyond this machine: servers without keys, a proxy without."""
     notes = []
-    if not _loopback(options.host):
+    if not is_loopback(options.host):
         notes.append(
             f"warning: the SGLang servers listen on {options.host} and take no keys: keep that "
             "network private, or leave --server-host at 127.0.0.1"
         )
-    if not _loopback(config.host) and not config.api_keys:
-        notes.append(
-            f"warning: the proxy listens on {config.host} without api_keys: anyone who reaches "
-            "it can use it (--api-key, or api_keys in --config)"
-        )
+    if (keyless := keyless_proxy_warning(config.host, config.api_keys)) is not None:
+        notes.append(keyless)
     return notes
-
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, LaunchDepths]:
@@ -223,14 +214,33 @@ def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, LaunchDepths]:
     _check_policy_depth(config, options)
     for note in _exposure_notes(config, options):
         print(f"specroute launch: {note}", file=sys.stderr)
+    if options.emulate:
+        _check_as_real(options, args)
     return build_plan(options, detected), depths
 
 
-def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | None] | None:
+def _check_as_real(options: LaunchOptions, args: argparse.Namespace) -> None:
+    """`--emulate` checks what a real pool would (PlanError), says what it leaves out."""
+    from specroute.launch.preflight import emulation_notes, real_plan
+
+    real = real_plan(options)
+    for note in emulation_notes(options):
+        print(f"specroute launch: --emulate: {note}", file=sys.stderr)
+    verdicts = _sglang_verdict(real, args, emulated=False) or ()
+    rejected = [f"{s.name}: {m}" for s, m in zip(real.servers, verdicts, strict=False) if m]
+    if rejected:
+        raise PlanError("SGLang rejects the real pool's " + "; ".join(rejected))
+
+
+def _sglang_verdict(
+    plan: LaunchPlan, args: argparse.Namespace, *, emulated: bool | None = None
+) -> list[str | None] | None:
     """SGLang's rejections, or None when the check does not apply or cannot run here."""
     from specroute.launch.sglang_check import sglang_installed
 
-    if args.emulate or args.no_sglang_check or not sglang_installed():
+    if (args.emulate if emulated is None else emulated) or args.no_sglang_check:
+        return None
+    if not sglang_installed():
         return None
     from specroute.launch.launcher import validate_with_sglang
 
@@ -246,6 +256,16 @@ def _with_depth_loop(
     return with_admin_key(plan, proxy_config(args).admin_key)
 
 
+def _cannot_start(plan: LaunchPlan) -> bool:
+    """Print why a server cannot possibly start (warnings for a dry run); True if one cannot."""
+    from specroute.launch.preflight import cannot_start
+
+    problems = [(s.name, p) for s in plan.servers for p in cannot_start(s.argv)]
+    for name, problem in problems:
+        print(f"specroute launch: {name} cannot start: {problem}", file=sys.stderr)
+    return bool(problems)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan, depths = _plan(args)
@@ -259,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
     for server, message in rejected:
         print(f"specroute launch: SGLang rejects {server.name}: {message}", file=sys.stderr)
     if rejected:
+        return 2
+    if _cannot_start(plan) and not args.dry_run:
         return 2
     if args.dry_run:
         sys.stdout.writelines(f"# {note}\n" for note in depths.notes())

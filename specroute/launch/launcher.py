@@ -99,15 +99,29 @@ class Launcher:
         """Seconds each child took to answer /ready at launch."""
         self.background: list[Callable[[asyncio.Event], Coroutine[Any, Any, None]]] = []
         """Run once the pool is ready, until the stop event (the depth loop)."""
+        self._last_crash: dict[str, str] = {}
+        self._hopeless = asyncio.Event()
+        self._hopeless_why = ""
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
     def crashed(self, child: Supervised, status: int | None, last_lines: str) -> None:
+        """Say so; while the pool starts, the same error twice in a row ends the launch (the
+        next try would fail the same way, up to --ready-timeout)."""
+        name, error = child.plan.name, _last_error(last_lines)
+        if not self.ready_after and error and self._last_crash.get(name) == error:
+            self._hopeless_why = (
+                f"{name} failed twice the same way (status {status}): {error}\n"
+                f"--- last lines of {child.log_path}:\n{last_lines}"
+            )
+            self._hopeless.set()
+            return
+        self._last_crash[name] = error
         # A server keeps its launch name across depth changes: say the depth it runs at.
         at = "" if child.plan.steps is None else f" at depth {child.plan.steps}"
         self._say(
-            f"specroute launch: {child.plan.name} exited with status {status}; "
+            f"specroute launch: {name} exited with status {status}; "
             f"restarting{at} (log: {child.log_path}). Last lines:\n{last_lines}"
         )
 
@@ -163,14 +177,17 @@ class Launcher:
         pending = {c.plan.name: c for c in children}
         waits = {asyncio.create_task(self._ready(c, path, pending, started)) for c in children}
         stopping = asyncio.create_task(self._stop.wait())
+        hopeless = asyncio.create_task(self._hopeless.wait())
         every = self.settings.progress_every_s
         next_report = started + every
         try:
             while waits and not stopping.done():
                 wake = max(0.0, next_report - time.monotonic())
                 done, _ = await asyncio.wait(
-                    [*waits, stopping], timeout=wake, return_when=asyncio.FIRST_COMPLETED
+                    [*waits, stopping, hopeless], timeout=wake, return_when=asyncio.FIRST_COMPLETED
                 )
+                if hopeless in done:
+                    raise LaunchError(self._hopeless_why)
                 for task in waits & done:
                     waits.discard(task)
                     if isinstance(task.exception(), NotReady):
@@ -182,6 +199,7 @@ class Launcher:
                     next_report = time.monotonic() + every
         finally:
             stopping.cancel()
+            hopeless.cancel()
             for task in waits:
                 task.cancel()
 
@@ -218,3 +236,9 @@ class Launcher:
         )
         lines.append("Ctrl-C (or SIGTERM) stops everything.")
         return "\n".join(lines)
+
+
+def _last_error(last_lines: str) -> str:
+    """A crash's signature: its last line that is not the supervisor's own `=== start`."""
+    lines = [ln.strip() for ln in last_lines.splitlines() if ln.strip()]
+    return next((ln for ln in reversed(lines) if not ln.startswith("=== start")), "")

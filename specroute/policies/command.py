@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 from specroute.cmdline import Subcommands
+from specroute.helpformat import first_paragraph
 from specroute.policies.registry import (
     PolicyFactory,
     available,
@@ -25,7 +26,7 @@ _INDENT = "    "
 def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "policies",
-        description=__doc__.splitlines()[0] if __doc__ else None,
+        description=first_paragraph(__doc__),
     )
     parser.add_argument("name", nargs="?", help="show only this policy")
     parser.set_defaults(run=run)

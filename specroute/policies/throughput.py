@@ -24,9 +24,14 @@ class ThroughputOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
     backend keeps `floor_tok_s`); `seed` seeds the random tie-break."""
 
     objective: Literal["latency", "throughput", "goodput"] = "throughput"
+    """What a choice maximises (above)."""
     floor_tok_s: float = 0.0
+    """`goodput`'s floor: the tok/s each request on a backend must keep (0: none)."""
     queue_weight: float = 0.0
+    """When every backend is full: the weight of a request's speed there, discounted by its wait
+    in the queue, against the wait alone (0: the shortest wait decides)."""
     seed: int | None = None
+    """Seeds the random tie-break (unset: a fresh one each start)."""
 
     def __post_init__(self) -> None:
         if self.floor_tok_s < 0:

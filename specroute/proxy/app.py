@@ -40,6 +40,7 @@ from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
 from specroute.proxy.relay import Receive, Relay, Scope, Send
 from specroute.proxy.routes import FORWARDED, GENERATION, find_route
 from specroute.proxy.state import ProxyState
+from specroute.raw_path import path_after
 
 __all__ = ["ProxyApp", "create_app"]
 
@@ -137,15 +138,16 @@ def _handlers(state: ProxyState) -> list[Any]:
         return _json(model_list(state))
 
     @get("/v1/models/{model:path}", sync_to_thread=False)
-    def one_model(
+    def model(
         request: Request[Any, Any, Any], model: Annotated[str, PathParameter()]
     ) -> Response[bytes]:
+        """One model card (the OpenAI client's `models.retrieve`), as SGLang answers it."""
         _auth(state, request)
-        name = model.lstrip("/")
+        name = path_after(request.scope, "/v1/models/") or model.lstrip("/")
         for card in model_list(state)["data"]:
-            if card.get("id") == name:
+            if card["id"] == name:
                 return _json(card)
-        raise ModelNotFoundError(f"The model `{name}` does not exist", param="model")
+        raise ModelNotFoundError(f"The model '{name}' does not exist", param="model")
 
     @get(["/server_info", "/get_server_info"])
     async def get_server_info(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -192,7 +194,7 @@ def _handlers(state: ProxyState) -> list[Any]:
         ready,
         metrics,
         models,
-        one_model,
+        model,
         get_server_info,
         model_info,
         pool,

@@ -9,6 +9,7 @@ import sys
 from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config, parse_backend
 from specroute.errors import ConfigError
+from specroute.exposure import keyless_proxy_warning
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create
 
@@ -48,6 +49,10 @@ def register(subparsers: Subcommands) -> None:
     parser.add_argument("--admin-key", metavar="KEY", help="key for PUT /policy")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     parser.add_argument(
+        "--request-log-share", type=float, metavar="SHARE",
+        help="share of successful requests logged as request_finished, 0 to 1 (failures always)",
+    )  # fmt: skip
+    parser.add_argument(
         "--prior", metavar="FILE", help="profile to start routing from (from `specroute tune`)"
     )
     parser.set_defaults(run=run)
@@ -63,6 +68,7 @@ def build_config(args: argparse.Namespace) -> Config:
         "api_keys": args.api_key,
         "admin_key": args.admin_key,
         "log_level": args.log_level,
+        "request_log_share": args.request_log_share,
         "prior": {"path": args.prior} if args.prior else None,
     }
     config = load_config(args.config, environ=os.environ, overrides=overrides)
@@ -90,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     from specroute.proxy.app import create_app  # keeps `--help` fast
     from specroute.proxy.server import serve
 
+    if (keyless := keyless_proxy_warning(config.host, config.api_keys)) is not None:
+        print(keyless, file=sys.stderr)
     configure_logging(config.log_level)
     serve(create_app(config), config, fd=args.fd)
     return 0

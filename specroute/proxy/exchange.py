@@ -13,6 +13,7 @@ from specroute.pool import Lease, UpstreamFailure
 from specroute.proxy.intake import Send
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply
+from specroute.proxy.request_log import RequestLogSampler
 
 __all__ = ["Exchange"]
 
@@ -92,8 +93,8 @@ class Exchange:
             return None
         return stream.ttft - (self.attempt_started - self.started)
 
-    def finish(self, metrics: ProxyMetrics) -> None:
-        """The one log line and the metrics of this request."""
+    def finish(self, metrics: ProxyMetrics, request_log: RequestLogSampler) -> None:
+        """The metrics of this request, and its one log line if `request_log` keeps it."""
         duration = time.perf_counter() - self.started
         reply, request = self.reply, self.request
         backend = self.backend or "-"
@@ -109,6 +110,8 @@ class Exchange:
                 metrics.ttft.observe((backend, steps), ttft)
             if meter.completion_tokens:
                 metrics.tokens.inc((backend, steps), meter.completion_tokens)
+        if not request_log.keep(failed=reply.status >= 400 or reply.error is not None):
+            return
         log.info(
             "request_finished",
             request_id=self.request_id,

@@ -49,9 +49,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
 
 
 class RoutingFields(msgspec.Struct, kw_only=True):
-    """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw)."""
+    """OpenAI routes; `messages`/`prompt` are checked for presence only (kept raw). `model`
+    may be absent (SGLang serves such a request as its served model) but not null (SGLang's
+    schema refuses that too)."""
 
-    model: str
+    model: str | msgspec.UnsetType = msgspec.UNSET
     stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -180,7 +182,7 @@ def route_request(route: str, fields: Fields, klass: str | None) -> RouteRequest
     else:
         max_tokens = fields.max_completion_tokens or fields.max_tokens
         temperature, top_p, top_k, n = fields.temperature, fields.top_p, fields.top_k, fields.n
-    model = fields.model
+    model = fields.model if isinstance(fields.model, str) else None
     sampling = "greedy" if is_greedy(temperature, top_k) else "sampled"
     return RouteRequest(
         route=route,

@@ -15,6 +15,7 @@ import msgspec
 
 from specroute.config import Config
 from specroute.errors import (
+    BadRequestError,
     ModelNotFoundError,
     PayloadTooLargeError,
     RequestTimeoutError,
@@ -102,10 +103,11 @@ class Intake:
             scope, receive, config.max_body_bytes, config.limits.body_timeout_s, hold
         )
         fields = decode_fields(route, body)
-        model = self._served_model(fields.model)
+        given = fields.model if isinstance(fields.model, str) else None
+        model = self._served_model(given)
         klass = self._workload_class(scope)
         forwarded, extras = upstream_body(body, fields, config.learn)
-        named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
+        named = fields if model in (None, given) else msgspec.structs.replace(fields, model=model)
         continues = fields.previous_response_id if isinstance(fields, ResponsesFields) else None
         return Incoming(route_request(route, named, klass), forwarded, extras, continues)
 
@@ -113,7 +115,9 @@ class Intake:
         """The served model a request names, which routes it (the client's bytes go upstream
         as they came): a name the pool lists, else as `served_name` reads it; 404 if none."""
         known = self._pool.known_models()
-        if model is None or not known or model in known:
+        if model is None:
+            return self._only_model()
+        if not known or model in known:
             return model
         found = served_name(model, self._pool.base_models())
         if found is None:
@@ -122,6 +126,17 @@ class Intake:
                 param="model",
             )
         return found
+
+    def _only_model(self) -> str | None:
+        """No `model`: SGLang (one model per server) serves its own; a pool of one model does
+        the same, a pool of several cannot guess (400)."""
+        served = self._pool.base_models()
+        if len(served) <= 1:
+            return next(iter(served), None)
+        raise BadRequestError(
+            f"`model` is required: this proxy serves several models ({', '.join(sorted(served))})",
+            param="model",
+        )
 
     def _workload_class(self, scope: Scope) -> str | None:
         """The client's `X-Specroute-Class` if its key may name one, the name is plain

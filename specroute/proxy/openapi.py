@@ -33,9 +33,10 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """OpenAI's chat completion request: the fields the proxy reads; the rest pass through."""
+    """OpenAI's chat completion request: the fields the proxy reads; the rest pass through.
+    Without `model` it goes to the pool's model, as SGLang serves it (several models: 400)."""
 
-    model: str
+    model: str | msgspec.UnsetType = msgspec.UNSET
     messages: list[ChatMessage]
     stream: bool | None = None
     max_tokens: int | None = None
@@ -50,9 +51,9 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """OpenAI's (legacy) completion request."""
+    """OpenAI's (legacy) completion request (`model` optional, as for chat)."""
 
-    model: str
+    model: str | msgspec.UnsetType = msgspec.UNSET
     prompt: str | list[str]
     stream: bool | None = None
     max_tokens: int | None = None

@@ -146,7 +146,7 @@ class Relay:
                 self._idle.set()
             if stop_watching is not None:
                 stop_watching()
-            ex.finish(state.metrics)
+            ex.finish(state.metrics, state.request_log)
 
     async def _forward(self, ex: Exchange, incoming: Incoming) -> None:
         """Attempts on distinct backends while failures happen before the first byte."""

@@ -15,6 +15,7 @@ from specroute.proxy.depths import DepthWatch
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.paced import PacedRender
 from specroute.proxy.process import ProcessMonitor
+from specroute.proxy.request_log import RequestLogSampler
 
 __all__ = ["ProxyState"]
 
@@ -38,6 +39,7 @@ class ProxyState:
         )
         self.metrics = ProxyMetrics()
         self.decisions = RecentDecisions()
+        self.request_log = RequestLogSampler(config.request_log_share)
         self.process = ProcessMonitor()
         self.depths = DepthWatch(self.pool, config.health.interval_s)
         self.metrics.registry.register(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -230,9 +231,16 @@ class Reconfigurer:
     def document(self) -> dict[str, Any]:
         """What `GET /plan` shows: the plan with its numbers, each server's state, the
         changes under way and past ones, outcome counts, and the replicas per depth wanted
-        now: the current ones with the changes the plan would begin now."""
+        now: the current ones with the changes the plan would begin now. Times are ages in
+        seconds and UTC ISO times (`published_at`, `plan_made_at`, `since`, `finished_at`)."""
         act = self.actuator
         now = act.clock()
+        wall = datetime.datetime.now(datetime.UTC)  # wall-clock times, to match the logs
+
+        def at(moment: float) -> str:
+            when = wall - datetime.timedelta(seconds=now - moment)
+            return when.isoformat(timespec="seconds").replace("+00:00", "Z")  # as the logs
+
         current = {s.name: s.setting for s in act.slots.values()}
         wanted = dict(current)
         for change in self.plan.start if self.plan is not None else ():
@@ -240,7 +248,7 @@ class Reconfigurer:
         servers = [
             {"name": s.name, "setting": s.setting.label, "state": s.phase,
              "target": None if s.target is None else s.target.label,
-             "fallback": s.fallback, "since_s": round(now - s.since, 1),
+             "fallback": s.fallback, "since_s": round(now - s.since, 1), "since": at(s.since),
              "startup_s": round(s.startup_s, 1)}
             for s in act.slots.values()
         ]  # fmt: skip
@@ -250,10 +258,12 @@ class Reconfigurer:
             "note": self.note,
             "plan": None if self.plan is None else msgspec.to_builtins(self.plan),
             "plan_age_s": None if self.plan is None else round(now - self.plan.at, 1),
+            "plan_made_at": None if self.plan is None else at(self.plan.at),
+            "published_at": at(now),
             "servers": servers,
             "pending": [s["name"] for s in servers if s["state"] != "serving"],
             "history": [
-                {**msgspec.to_builtins(r), "ago_s": round(now - r.at, 1)}
+                {**msgspec.to_builtins(r), "ago_s": round(now - r.at, 1), "finished_at": at(r.at)}
                 for r in reversed(act.history)
             ],
             "outcomes": dict(act.outcomes),

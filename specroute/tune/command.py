@@ -19,11 +19,13 @@ from specroute.bench.dataset import DatasetError, read_prompts
 from specroute.bench.workload import PromptSettings
 from specroute.cmdline import Subcommands, UsageError, parse_ints
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.helpformat import DefaultsHelp
 from specroute.launch.argv import PlanError
 from specroute.launch.flags import add_server_arguments, host_gpus, server_options
 from specroute.launch.launcher import validate_with_sglang
 from specroute.launch.sglang_check import sglang_installed
 from specroute.logs import configure_logging
+from specroute.plotting import plots_missing
 from specroute.tune.files import write_outputs
 from specroute.tune.layout import (
     ServerPlan,
@@ -75,7 +77,7 @@ def _floats(text: str) -> list[float]:
 def register(subparsers: Subcommands) -> None:
     parser = subparsers.add_parser(
         "tune",
-        description=DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=DESCRIPTION, formatter_class=DefaultsHelp,
     )
     add = parser.add_argument
     add("--steps", default="0,1,2,3,4", help="comma-separated depths (0: no speculation)")
@@ -212,6 +214,8 @@ async def _tune(
     configure_logging("warning")
     layout = TuneLayout(out)
     progress = TuneProgress()
+    if (missing := plots_missing()) is not None:
+        progress.say(f"specroute tune: {missing}; the report and prior come without tune.png")
     tuner = Tuner(options, plans, layout, measurement(options, prompts), progress, force=force)
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()

@@ -4,13 +4,13 @@ aggregate tok/s against concurrency for every server, one row per traffic kind."
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from specroute.plotting import plots_missing, pyplot
 from specroute.profile_format import Profile, encode_profile
 from specroute.tune.layout import ServerPlan, TuneLayout, TuneOptions
 from specroute.tune.render import render
@@ -41,11 +41,7 @@ def _axes_row(axes: Any, profile: Profile, kind: str) -> None:
 
 
 def save_plot(profile: Profile, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     kinds = [t.name for t in profile.traffic]
     fig, axes = plt.subplots(len(kinds), 2, figsize=(11, 4.2 * len(kinds)), squeeze=False)
     for row, kind in zip(axes, kinds, strict=True):
@@ -68,8 +64,11 @@ def write_outputs(
     layout.prior.write_bytes(encode_profile(profile) + b"\n")
     layout.report_markdown.write_text(render(report, profile, markdown=True))
     layout.report_json.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
-    # matplotlib is the bench extra; the report stands without the picture.
-    with contextlib.suppress(ImportError):
+    written = [layout.prior, layout.report_markdown, layout.report_json]
+    missing = plots_missing()  # the report stands without the picture; `tune` said so up front
+    if missing is None:
         save_plot(profile, layout.plot)
-    files = ", ".join(str(p) for p in (layout.prior, layout.report_markdown, layout.report_json))
-    return render(report, profile) + f"Wrote {files} and {layout.plot}.\n"
+        written.append(layout.plot)
+    files = ", ".join(str(p) for p in written[:-1]) + f" and {written[-1]}"
+    skipped = "" if missing is None else f"No {layout.plot.name}: {missing}.\n"
+    return render(report, profile) + f"Wrote {files}.\n" + skipped
