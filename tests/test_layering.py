@@ -46,6 +46,7 @@ LEAVES = frozenset(
         "profile_format",  # the profile file that bench and tune write and the pool reads
         "recommend",  # what a profile recommends: tune reports it, launch starts it
         "structdoc",  # field docstrings and type words for help and the example config
+        "lanes",  # a request's latency lane: its config and the rule that picks it
     }
 )
 """Modules anyone may import: no I/O of their own, and they import only other leaves."""

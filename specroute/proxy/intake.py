@@ -21,10 +21,12 @@ from specroute.errors import (
     PayloadTooLargeError,
     RequestTimeoutError,
 )
+from specroute.lanes import BATCH, Lane
 from specroute.policies import RouteRequest
 from specroute.pool import Pool
 from specroute.proxy.auth import Auth
 from specroute.proxy.bodies import BodyHold
+from specroute.proxy.lanes import LANE_HEADER, LaneResolver, with_priority
 from specroute.proxy.stalls import ClientTransport
 from specroute.speculation import is_greedy
 
@@ -97,6 +99,7 @@ class Intake:
         self._auth = auth
         self._on_ignored = on_ignored
         self._classes: set[str] = set()
+        self._lanes = LaneResolver(config.lanes, auth)
 
     async def read(self, route: str, scope: Scope, receive: Receive, hold: BodyHold) -> Incoming:
         """The request on `route`, its body's bytes reserved in `hold`: a 4xx error if it is
@@ -111,7 +114,15 @@ class Intake:
         klass = self._workload_class(scope)
         forwarded, extras = upstream_body(body, fields, config.learn)
         named = fields if model == fields.model else msgspec.structs.replace(fields, model=model)
-        return Incoming(route_request(route, named, klass), forwarded, extras)
+        lane = self._lanes.resolve(
+            header(scope, b"authorization"),
+            header(scope, LANE_HEADER),
+            getattr(fields, "service_tier", None),
+        )
+        if config.lanes.engine_priority:
+            forwarded = with_priority(forwarded, fields.priority, config.lanes.priority(lane))
+        request = route_request(route, named, klass, lane, config.lanes.target)
+        return Incoming(request, forwarded, extras)
 
     def _served_model(self, model: str | None) -> str | None:
         """The served model a request names, which routes it (the client's bytes go upstream
@@ -330,6 +341,8 @@ class RoutingFields(msgspec.Struct, kw_only=True):
     n: int | None = 1
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
     return_spec_tokens_details: bool | msgspec.UnsetType | None = msgspec.UNSET
+    service_tier: str | None = None
+    priority: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ChatFields(RoutingFields, kw_only=True):
@@ -346,6 +359,7 @@ class GenerateFields(msgspec.Struct, kw_only=True):
     stream: bool | None = False
     model: str | None = None
     sampling_params: SamplingParams | None = None
+    priority: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
@@ -380,9 +394,14 @@ def _param(message: str) -> str | None:
 
 
 def route_request(
-    route: str, fields: RoutingFields | GenerateFields, klass: str | None
+    route: str,
+    fields: RoutingFields | GenerateFields,
+    klass: str | None,
+    lane: Lane = BATCH,
+    target_tok_s: float = 0.0,
 ) -> RouteRequest:
-    """The features a policy sees; the workload class is the client's header or model+sampling."""
+    """The features a policy sees; the workload class is the client's header or model+sampling;
+    the lane and its speed target as `proxy.lanes` resolved them."""
     n: int | None = 1
     if isinstance(fields, GenerateFields):
         sp = fields.sampling_params or SamplingParams()
@@ -407,6 +426,8 @@ def route_request(
         top_p=top_p,
         top_k=top_k,
         n=n or 1,
+        lane=lane,
+        target_tok_s=target_tok_s,
     )
 
 

@@ -44,6 +44,7 @@ from specroute.proxy.intake import (
     request_id,
     watch_disconnect,
 )
+from specroute.proxy.lanes import LANE_HEADER, LaneStats, decode_speed
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.stalls import StreamClock
@@ -137,6 +138,7 @@ class Relay:
             if stop_watching is not None:
                 stop_watching()
             ex.finish(state.metrics)
+            ex.finish_lane(state.lanes)
 
     async def _forward(self, ex: Exchange, incoming: Incoming) -> None:
         """Attempts on distinct backends while failures happen before the first byte."""
@@ -303,12 +305,15 @@ class Exchange:
         self.steps: int | None = None
         self.attempts = 0
         self.attempt_started = self.started
+        self.admitted: float | None = None  # when the first attempt began
         self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
         self.attempts += 1
         self.decision = decision
+        if self.admitted is None:
+            self.admitted = time.perf_counter()
         self.backend = lease.backend.name
         self.steps = lease.backend.steps
         self.attempt_started = time.perf_counter()
@@ -320,6 +325,8 @@ class Exchange:
             (b"x-specroute-policy", self.policy.name.encode()),
             (b"x-request-id", self.request_id.encode()),
         ]
+        if self.request is not None:
+            headers.append((LANE_HEADER, self.request.lane.encode()))
         if self.backend is not None:
             headers.append((b"x-specroute-backend", self.backend.encode()))
             steps = "" if self.steps is None else str(self.steps)
@@ -348,6 +355,7 @@ class Exchange:
             in_flight_at_start=lease.in_flight_at_start,
             mean_in_flight=lease.mean_in_flight,
             error=error,
+            lane=self.request.lane,
         )
 
     def _attempt_ttft(self) -> float | None:
@@ -357,6 +365,18 @@ class Exchange:
         if stream is None or stream.ttft is None:
             return None
         return stream.ttft - (self.attempt_started - self.started)
+
+    def finish_lane(self, lanes: LaneStats) -> None:
+        """What the request's lane got: its queue wait and a stream's decode speed."""
+        if self.request is None or self.admitted is None or self.reply.status != 200:
+            return
+        stream = self.reply.stream
+        ttft = stream.ttft if stream is not None else None
+        end = time.perf_counter() - self.started
+        tokens = self.reply.measured.completion_tokens
+        lanes.observe(
+            self.request.lane, self.admitted - self.started, decode_speed(tokens, ttft, end)
+        )
 
     def finish(self, metrics: ProxyMetrics) -> None:
         """The one log line and the metrics of this request."""
