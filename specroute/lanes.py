@@ -26,8 +26,8 @@ class LanesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     (`interactive_keys`, `batch_keys`); OpenAI's `service_tier` (`priority`: interactive,
     `flex`: batch, `auto` and `default`: `tier_default`); else `default`. Interactive requests
     go where their predicted speed beats `target_tok_s` (or `target_tpot_ms`) by the most;
-    batch ones where they add the most throughput, leaving `reserve` slots on each deepest
-    server to the interactive lane while an interactive request waits."""
+    batch ones where they add the most throughput, leaving the last `reserve` slots of each
+    deepest server to the interactive lane while an interactive request waits."""
 
     default: Lane = BATCH
     """The lane of a request nothing else names one for."""
@@ -42,8 +42,8 @@ class LanesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     target_tpot_ms: Annotated[float, msgspec.Meta(gt=0, examples=[10.0])] | None = None
     """The same target as time per output token; when set it replaces `target_tok_s`."""
     reserve: Annotated[int, msgspec.Meta(ge=0)] = 0
-    """Slots on each deepest server that batch requests take only while no interactive
-    request waits (in the proxy's queue or past a server's capacity)."""
+    """Slots on each deepest server (and its queue past them) that batch requests take only
+    while no interactive request waits for one (in a queue, or sent shallower)."""
     engine_priority: bool = False
     """Send the lane as the request's `priority` (servers run `--enable-priority-scheduling`;
     off: SGLang ignores it, or aborts with `--abort-on-priority-when-disabled`)."""

@@ -137,3 +137,24 @@ def test_an_interactive_request_queued_on_a_server_holds_the_reserve_until_it_en
                     stream=True, lane="interactive")  # fmt: skip
     policy.observe(ended)
     assert policy.choose(GREEDY, now).backend == "k3b"  # nothing waits: batch borrows
+
+
+def test_an_interactive_request_sent_shallower_holds_the_reserve_until_it_ends() -> None:
+    policy = Throughput()
+    deep_full = _view(_backend("k1", 1, 5), _backend("k3a", 3, 20))
+    assert policy.choose(_interactive(GREEDY), deep_full).backend == "k1"  # k3a had no room
+    now = msgspec.structs.replace(
+        _view(_backend("k1", 1, 18), _backend("k3a", 3, 20), _backend("k3b", 3, 18)), reserve=2
+    )
+    assert policy.choose(GREEDY, now).backend == "k1"  # it waits for a deep slot
+    policy.observe(Outcome(backend="k1", steps=1, workload_class="m:greedy", status=200,
+                           stream=True, lane="interactive"))  # fmt: skip
+    assert policy.choose(GREEDY, now).backend == "k3b"
+
+
+def test_batch_queues_off_the_deepest_server_while_an_interactive_request_waits() -> None:
+    everyone_full = _view(_backend("k1", 1, 22), _backend("k3", 3, 21))
+    assert Throughput().choose(GREEDY, everyone_full).backend == "k3"  # the shorter wait
+    waiting = msgspec.structs.replace(everyone_full, reserve=1, interactive_waiting=1)
+    assert Throughput().choose(GREEDY, waiting).backend == "k1"
+    assert Throughput().choose(_interactive(GREEDY), waiting).backend == "k3"

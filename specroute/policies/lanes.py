@@ -10,7 +10,14 @@ from specroute.policies.groups import batch
 from specroute.policies.predict import Prediction
 from specroute.policies.types import BackendView, PoolView
 
-__all__ = ["deepest", "in_reserve", "interactive_choice", "interactive_waiting", "open_to_batch"]
+__all__ = [
+    "deepest",
+    "displaced",
+    "in_reserve",
+    "interactive_choice",
+    "interactive_waiting",
+    "open_to_batch",
+]
 
 
 def deepest(view: PoolView) -> int | None:
@@ -28,18 +35,23 @@ def _room(backend: BackendView) -> int | None:
 
 def in_reserve(backend: BackendView, view: PoolView, depth: int | None) -> bool:
     """Whether the next slot of `backend` is one of the `view.reserve` kept on each backend
-    at the pool's deepest `depth` for the interactive lane."""
+    at the pool's deepest `depth` for the interactive lane, or past them: its queue, which
+    the interactive lane also comes first in."""
     if view.reserve <= 0 or depth is None or backend.steps != depth:
         return False
     room = _room(backend)
-    return room is not None and 0 < room <= view.reserve
+    return room is not None and room <= view.reserve
 
 
-def interactive_waiting(view: PoolView, interactive: Mapping[str, int]) -> int:
-    """Interactive requests waiting: those in the proxy's queue, and on each backend past its
-    capacity as many as it has interactive requests in flight, at most its queue (an upper
-    bound: without the engine's priority its queue may hold batch requests instead)."""
-    waiting = view.interactive_waiting
+def interactive_waiting(
+    view: PoolView, interactive: Mapping[str, int], shallower: Mapping[str, int]
+) -> int:
+    """Interactive requests waiting for a deep slot: those in the proxy's queue, those running
+    shallower than they would have because the deepest backends were full (`shallower`), and
+    on each backend past its capacity as many as it has interactive requests in flight, at
+    most its queue (an upper bound: without the engine's priority its queue may hold batch
+    requests instead)."""
+    waiting = view.interactive_waiting + sum(shallower.values())
     for backend in view.backends:
         mine = interactive.get(backend.name, 0)
         if mine and backend.capacity is not None:
@@ -48,7 +60,10 @@ def interactive_waiting(view: PoolView, interactive: Mapping[str, int]) -> int:
 
 
 def open_to_batch(
-    preds: Sequence[Prediction], view: PoolView, interactive: Mapping[str, int]
+    preds: Sequence[Prediction],
+    view: PoolView,
+    interactive: Mapping[str, int],
+    shallower: Mapping[str, int],
 ) -> tuple[list[Prediction], bool]:
     """The predictions a batch request may choose among, and whether the reserve held it back:
     every one, unless an interactive request waits; then not the reserved slots of the
@@ -59,10 +74,18 @@ def open_to_batch(
         for b in view.backends
         if in_reserve(b, view, depth) and b.name in {p.backend for p in preds}
     }
-    if not reserved or not interactive_waiting(view, interactive):
+    if not reserved or not interactive_waiting(view, interactive, shallower):
         return list(preds), False
     kept = [p for p in preds if p.backend not in reserved]
     return (kept, True) if kept else (list(preds), False)
+
+
+def displaced(chosen: Prediction, preds: Sequence[Prediction], view: PoolView) -> bool:
+    """Whether an interactive request sent to `chosen` waits for a deep slot: the deepest
+    backends had no room for it and it went shallower."""
+    depth = deepest(view)
+    deep = [p for p in preds if p.steps == depth]
+    return chosen.steps != depth and (not deep or all(p.full for p in deep))
 
 
 def interactive_choice(preds: Sequence[Prediction], target: float) -> Prediction:

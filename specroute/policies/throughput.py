@@ -11,7 +11,7 @@ import msgspec
 
 from specroute.lanes import INTERACTIVE
 from specroute.policies.groups import batch, candidates_of
-from specroute.policies.lanes import interactive_choice, open_to_batch
+from specroute.policies.lanes import displaced, interactive_choice, open_to_batch
 from specroute.policies.predict import Prediction, predict
 from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
@@ -55,7 +55,10 @@ class Throughput:
         self._mix: defaultdict[str, defaultdict[str, float]] = defaultdict(
             lambda: defaultdict(float)
         )
-        self._interactive: defaultdict[str, int] = defaultdict(int)  # in flight per backend
+        # Interactive requests in flight per backend, and of those the ones sent shallower
+        # because the deepest backends were full: they wait for the reserve.
+        self._interactive: defaultdict[str, int] = defaultdict(int)
+        self._shallower: defaultdict[str, int] = defaultdict(int)
 
     def predictions(self, request: RouteRequest, view: PoolView) -> list[Prediction]:
         """One prediction per configuration, on its least loaded member: within a group the
@@ -80,9 +83,10 @@ class Throughput:
             chosen = interactive_choice(preds, request.target_tok_s)
             self._mix[chosen.backend][request.workload_class] += 1
             self._interactive[chosen.backend] += 1
+            self._shallower[chosen.backend] += displaced(chosen, preds, view)
             reason = _reason(f"interactive >= {request.target_tok_s:.0f} tok/s", chosen, preds)
             return Decision(backend=chosen.backend, reason=reason)
-        open_preds, held = open_to_batch(preds, view, self._interactive)
+        open_preds, held = open_to_batch(preds, view, self._interactive, self._shallower)
         decision = self._by_objective(request, open_preds)
         if held:
             reason = decision.reason + f"; reserve of {view.reserve} kept on the deepest"
@@ -109,8 +113,11 @@ class Throughput:
         mix = self._mix.get(outcome.backend)
         if mix is not None and mix.get(outcome.workload_class, 0) > 0:
             mix[outcome.workload_class] -= 1
-        if outcome.lane == INTERACTIVE and self._interactive.get(outcome.backend, 0) > 0:
-            self._interactive[outcome.backend] -= 1
+        backend = outcome.backend
+        if outcome.lane == INTERACTIVE and self._interactive.get(backend, 0) > 0:
+            self._interactive[backend] -= 1
+            shallower = self._shallower.get(backend, 0)
+            self._shallower[backend] = min(shallower, self._interactive[backend])
 
 
 def _reason(objective: str, chosen: Prediction, preds: list[Prediction]) -> str:
