@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument("--deep", default="3,4,5,6,7", help="fixed deep pools to compare")
     parser.add_argument("--share", type=float, default=0.2, help="interactive share")
     parser.add_argument("--target", type=float, default=100.0, help="interactive tok/s")
-    parser.add_argument("--reserve", type=int, default=2)
+    parser.add_argument("--reserve", type=int, default=8)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
