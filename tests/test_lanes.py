@@ -13,7 +13,8 @@ from specroute.errors import ConfigError
 from specroute.lanes import LanesConfig, lane_of
 from specroute.policies import Outcome, PoolView, RouteRequest, Throughput
 from specroute.proxy.auth import Auth
-from specroute.proxy.lanes import LaneResolver, decode_speed, with_priority
+from specroute.proxy.lanes import LaneResolver, LaneStats, decode_speed, with_priority
+from specroute.proxy.metrics import ProxyMetrics
 
 FAST, SLOW, TRUSTED = b"Bearer sk-fast", b"Bearer sk-slow", b"Bearer sk-trusted"
 LANES = LanesConfig(interactive_keys=("sk-fast",), batch_keys=("sk-slow",))
@@ -91,6 +92,24 @@ def test_decode_speed_times_the_tokens_after_the_first() -> None:
     assert decode_speed(11, 0.5, 1.5) == pytest.approx(10.0)
     assert decode_speed(1, 0.5, 1.5) is None
     assert decode_speed(10, None, 1.5) is None
+
+
+def test_lane_stats_count_the_target_met_and_missed_and_the_longest_wait() -> None:
+    metrics = ProxyMetrics()
+    stats = LaneStats(metrics.registry, target_tok_s=100.0)
+    stats.observe("interactive", 0.0, 150.0)
+    stats.observe("interactive", 0.5, 80.0)
+    stats.observe("interactive", 0.1, None)  # too short to time
+    stats.observe("batch", 2.0, 40.0)  # batch has no speed target
+    report = stats.report()
+    assert report["interactive"] == {
+        "requests": 3, "target_tok_s": 100.0, "met": 1, "missed": 1, "attainment": 0.5,
+        "mean_tok_s": 115.0, "mean_wait_s": pytest.approx(0.2), "max_wait_s": 0.5,
+    }  # fmt: skip
+    assert report["batch"]["attainment"] == 1.0
+    text = metrics.render().decode()
+    assert 'specroute_lane_requests_total{lane="interactive",target="missed"} 1.0' in text
+    assert 'specroute_lane_requests_total{lane="interactive",target="unmeasured"} 1.0' in text
 
 
 def test_interactive_goes_deep_where_batch_goes_for_throughput() -> None:
