@@ -48,8 +48,9 @@ class LanesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Send the lane as the request's `priority` (servers run `--enable-priority-scheduling`;
     off: SGLang ignores it, or aborts with `--abort-on-priority-when-disabled`)."""
     interactive_priority: int = 1
-    """`priority` of interactive requests (SGLang runs larger values first; swap the two when
-    its servers run with the flag that runs low values first)."""
+    """`priority` of interactive requests: SGLang runs larger values first (swap the two when
+    it runs low values first), and preempts a running request only for one more than 10 above
+    it (`--priority-scheduling-preemption-threshold`)."""
     batch_priority: int = 0
     """`priority` of batch requests."""
 
