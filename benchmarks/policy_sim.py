@@ -22,6 +22,7 @@ from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig
 from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.engine import Engine, Iteration
 from specroute.emulator.profiles import get_profile, sampling_class
+from specroute.lanes import BATCH, Lane
 from specroute.policies import BackendView, Outcome, Policy, PoolView, RouteRequest, create
 from specroute.pool.telemetry import Telemetry
 
@@ -41,6 +42,7 @@ class Draw:
     temperature: float
     max_tokens: int
     ignore_eos: bool
+    lane: Lane = BATCH
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Req:
     backend: int
     times: list[float] = field(default_factory=list)
     area0: float = 0.0
+    lane: Lane = BATCH
 
 
 @dataclass
@@ -81,6 +84,7 @@ class PhaseStats:
     start: float = 0.0
     end: float = 0.0
     by_depth: dict[tuple[str, int], int] = field(default_factory=dict)
+    lane_speeds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def aggregate(self) -> float:
@@ -88,6 +92,11 @@ class PhaseStats:
 
 
 class PoolSim:
+    reserve = 0
+    """Slots kept for the interactive lane on each deepest backend (`lanes.reserve`)."""
+    target_tok_s = 0.0
+    """The interactive lane's speed target (`lanes.target_tok_s`)."""
+
     def __init__(
         self,
         profile: str,
@@ -147,7 +156,21 @@ class PoolSim:
             prior_alpha=self.telemetry.acceptance.prior_alpha,
             in_flight_total=sum(n.in_flight for n in self.nodes),
             capacity_total=sum(n.engine.max_running_requests for n in self.nodes),
+            reserve=self.reserve,
+            interactive_waiting=self.interactive_waiting(),
         )
+
+    def interactive_waiting(self) -> int:
+        """Interactive requests in the admission queue (none without lanes)."""
+        return 0
+
+    def draw_for(self, user: int) -> Draw:
+        """The next request of `user` (without lanes, every user draws from one mix)."""
+        return self.draw()
+
+    def next_waiting(self) -> int:
+        """Which waiting user is admitted next: the first (the proxy's queue is FIFO)."""
+        return 0
 
     def admits(self, i: int) -> bool:
         """Whether backend `i` takes a new request now (below its in-flight limit)."""
@@ -164,11 +187,12 @@ class PoolSim:
         if not free:
             self.waiting.append(user)
             return
-        draw = self.draw()
+        draw = self.draw_for(user)
         klass = f"{self.model}:{draw.workload}"
         request = RouteRequest(
             route="chat", model=self.model, workload_class=klass, stream=True,
-            max_tokens=draw.max_tokens, temperature=draw.temperature,
+            max_tokens=draw.max_tokens, temperature=draw.temperature, lane=draw.lane,
+            target_tok_s=self.target_tok_s,
         )  # fmt: skip
         decision = self.policy.choose(request, self.view(free))
         idx = next(i for i in free if self.nodes[i].name == decision.backend)
@@ -180,7 +204,8 @@ class PoolSim:
             klass=sampling_class(draw.temperature), ignore_eos=draw.ignore_eos,
         )  # fmt: skip
         node.add(1, self.now)
-        self.reqs[rid] = Req(rid, user, klass, self.now, idx, area0=node.load_area(self.now))
+        area0 = node.load_area(self.now)
+        self.reqs[rid] = Req(rid, user, klass, self.now, idx, area0=area0, lane=draw.lane)
         if not node.stepping:
             node.stepping = True
             node.engine.clock = max(node.engine.clock, self.now)
@@ -198,7 +223,7 @@ class PoolSim:
             stream=True, completion_tokens=generated, chunks=len(req.times) + 2,
             verify_count=verify, ttft_s=req.times[0] - req.start if req.times else None,
             chunk_gaps_s=gaps, duration_s=elapsed, in_flight_at_start=0, mean_in_flight=mean,
-            error=error,
+            error=error, lane=req.lane,
         )  # fmt: skip
         self.telemetry.observe(
             outcome,
@@ -213,7 +238,9 @@ class PoolSim:
         if ph is not None:
             ph.tokens += generated
             if generated > 1 and len(req.times) > 1:
-                ph.speeds.append((generated - 1) / (req.times[-1] - req.times[0]))
+                speed = (generated - 1) / (req.times[-1] - req.times[0])
+                ph.speeds.append(speed)
+                ph.lane_speeds.setdefault(req.lane, []).append(speed)
             key = (req.klass.rsplit(":", 1)[1], self.nodes[req.backend].engine.steps)
             ph.by_depth[key] = ph.by_depth.get(key, 0) + 1
 
@@ -223,7 +250,7 @@ class PoolSim:
             self.send(user)
         # Until no backend admits: `send` puts a user it cannot place back in the queue.
         while self.waiting and self.sending and any(map(self.admits, range(len(self.nodes)))):
-            self.send(self.waiting.pop(0))
+            self.send(self.waiting.pop(self.next_waiting()))
 
     def _finish(self, req: Req, seq_generated: int, verify: int) -> None:
         self.learn(req, seq_generated, verify)

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from specroute.errors import ConfigError
+from specroute.lanes import LanesConfig
 
 __all__ = [
     "AdmissionConfig",
@@ -28,6 +29,7 @@ __all__ = [
     "ClientConfig",
     "Config",
     "HealthConfig",
+    "LanesConfig",
     "LearnConfig",
     "LimitsConfig",
     "PriorConfig",
@@ -349,6 +351,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     limits: LimitsConfig = msgspec.field(default_factory=LimitsConfig)
     replicas: ReplicasConfig = msgspec.field(default_factory=ReplicasConfig)
     prior: PriorConfig = msgspec.field(default_factory=PriorConfig)
+    lanes: LanesConfig = msgspec.field(default_factory=LanesConfig)
 
     def __post_init__(self) -> None:
         for field in ("api_keys", "class_keys"):
@@ -360,12 +363,15 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("backend names must be unique")
         if not set(self.class_keys) <= {*self.api_keys, self.admin_key}:
             raise ValueError("class_keys must be listed in api_keys")
+        lane_keys = {*self.lanes.interactive_keys, *self.lanes.batch_keys}
+        if not lane_keys <= {*self.api_keys, self.admin_key}:
+            raise ValueError("lanes.interactive_keys and lanes.batch_keys must be in api_keys")
         if self.limits.max_body_bytes_in_flight < self.max_body_bytes:
             raise ValueError("limits.max_body_bytes_in_flight must be at least max_body_bytes")
 
 
-_LIST_FIELDS = {"backends", "api_keys", "class_keys", "peers"}
-_KEY_FIELDS = {"api_keys", "class_keys"}
+_LIST_FIELDS = {"backends", "api_keys", "class_keys", "peers", "interactive_keys", "batch_keys"}
+_KEY_FIELDS = {"api_keys", "class_keys", "interactive_keys", "batch_keys"}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -388,7 +394,7 @@ def _struct_fields(struct: type[msgspec.Struct]) -> dict[str, Any]:
 
 def _env_leaves(struct: Any, prefix: str) -> Iterator[str]:
     for name, kind in _struct_fields(struct).items():
-        if isinstance(kind, type) and issubclass(kind, _Section):
+        if isinstance(kind, type) and issubclass(kind, _Section | LanesConfig):
             yield from _env_leaves(kind, f"{prefix}{name.upper()}__")
         else:
             yield prefix + name.upper()

@@ -50,6 +50,7 @@ LEAVES = frozenset(
         "raw_path",  # a path parameter that may hold `//`, for the proxy and the emulator
         "plotting",  # matplotlib for the PNG writers (bench, tune), or what to install
         "structdoc",  # field docstrings and type words for help and the example config
+        "lanes",  # a request's latency lane: its config and the rule that picks it
     }
 )
 """Modules anyone may import: no I/O of their own, and they import only other leaves."""

@@ -9,7 +9,9 @@ from typing import Literal
 
 import msgspec
 
+from specroute.lanes import INTERACTIVE
 from specroute.policies.groups import batch, candidates_of
+from specroute.policies.lanes import displaced, interactive_choice, open_to_batch
 from specroute.policies.predict import Prediction, predict
 from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
@@ -44,7 +46,9 @@ def _score(p: Prediction, objective: str) -> float:
 
 class Throughput:
     """Predicts this request's speed and the pool's throughput gain on every backend with room
-    (queue wait included past capacity); chooses by latency, throughput or goodput."""
+    (queue wait included past capacity); chooses by latency, throughput or goodput. An
+    interactive request goes where it is fastest (`policies.lanes`); a batch one by the
+    objective, off the deepest backends' reserve while an interactive request waits."""
 
     name = "throughput"
     Options = ThroughputOptions
@@ -56,6 +60,10 @@ class Throughput:
         self._mix: defaultdict[str, defaultdict[str, float]] = defaultdict(
             lambda: defaultdict(float)
         )
+        # Interactive requests in flight per backend, and of those the ones sent shallower
+        # because the deepest backends were full: they wait for the reserve.
+        self._interactive: defaultdict[str, int] = defaultdict(int)
+        self._shallower: defaultdict[str, int] = defaultdict(int)
 
     def predictions(self, request: RouteRequest, view: PoolView) -> list[Prediction]:
         """One prediction per configuration, on its least loaded member: within a group the
@@ -75,8 +83,23 @@ class Throughput:
         return {k: v * in_flight / total for k, v in mix.items() if v > 0}
 
     def choose(self, request: RouteRequest, view: PoolView) -> Decision:
-        options = self.options
         preds = self.predictions(request, view)
+        if request.lane == INTERACTIVE:
+            chosen = interactive_choice(preds, request.target_tok_s)
+            self._mix[chosen.backend][request.workload_class] += 1
+            self._interactive[chosen.backend] += 1
+            self._shallower[chosen.backend] += displaced(chosen, preds, view)
+            reason = _reason(f"interactive >= {request.target_tok_s:.0f} tok/s", chosen, preds)
+            return Decision(backend=chosen.backend, reason=reason)
+        open_preds, held = open_to_batch(preds, view, self._interactive, self._shallower)
+        decision = self._by_objective(request, open_preds)
+        if held:
+            reason = decision.reason + f"; reserve of {view.reserve} kept on the deepest"
+            decision = Decision(backend=decision.backend, reason=reason)
+        return decision
+
+    def _by_objective(self, request: RouteRequest, preds: list[Prediction]) -> Decision:
+        options = self.options
         objective = options.objective
         # A backend past capacity only when every one is: the queue wait decides among them.
         pool = [p for p in preds if not p.full] or preds
@@ -95,6 +118,11 @@ class Throughput:
         mix = self._mix.get(outcome.backend)
         if mix is not None and mix.get(outcome.workload_class, 0) > 0:
             mix[outcome.workload_class] -= 1
+        backend = outcome.backend
+        if outcome.lane == INTERACTIVE and self._interactive.get(backend, 0) > 0:
+            self._interactive[backend] -= 1
+            shallower = self._shallower.get(backend, 0)
+            self._shallower[backend] = min(shallower, self._interactive[backend])
 
 
 def _reason(objective: str, chosen: Prediction, preds: list[Prediction]) -> str:

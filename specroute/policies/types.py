@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from specroute.lanes import BATCH, Lane
 from specroute.speculation import PRIOR_ALPHA
 
 __all__ = [
@@ -34,6 +35,10 @@ class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
     top_p: float | None = None
     top_k: int | None = None
     n: int = 1
+    lane: Lane = BATCH
+    """`interactive`: served for its own speed; `batch`: for the pool's throughput."""
+    target_tok_s: float = 0.0
+    """The interactive lane's per-request speed target (0: none)."""
 
 
 class BackendView(msgspec.Struct, frozen=True, kw_only=True):
@@ -112,6 +117,10 @@ class PoolView(msgspec.Struct, frozen=True, kw_only=True):
     candidates: CandidateSet | None = None
     """The same backends grouped by configuration and ordered by load, kept up to date by the
     pool (None: a policy groups `backends` itself, see `candidates_of`)."""
+    reserve: int = 0
+    """Slots on each deepest backend kept for interactive requests while one waits."""
+    interactive_waiting: int = 0
+    """Interactive requests waiting in the proxy's admission queue."""
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,6 +150,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     mean_in_flight: float | None = None
     """Time-averaged in-flight count of the backend while this request was there."""
     error: str | None = None
+    lane: Lane = BATCH
 
 
 @runtime_checkable

@@ -1,15 +1,18 @@
 """Admission: pick a backend through the policy, or wait in a bounded queue while every
-backend is at its in-flight limit; a full queue answers 429, a long wait 503."""
+backend is at its in-flight limit; a full queue answers 429, a long wait 503. Interactive
+requests go first: no batch request is admitted while an interactive one waits."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Collection
 
+import msgspec
 import structlog
 
 from specroute.config import AdmissionConfig
 from specroute.errors import NoHealthyBackendError, QueueFullError, QueueTimeoutError
+from specroute.lanes import INTERACTIVE
 from specroute.policies import BackendView, Decision, Policy, PoolView, RouteRequest
 from specroute.pool import Lease, Pool
 from specroute.proxy.unavailable import unavailable
@@ -23,18 +26,24 @@ _RECHECK_S = 0.5
 
 
 class Admission:
-    def __init__(self, pool: Pool, config: AdmissionConfig) -> None:
+    def __init__(self, pool: Pool, config: AdmissionConfig, reserve: int = 0) -> None:
         self._pool = pool
         self._config = config
+        self._reserve = reserve  # slots per deepest backend kept for interactive requests
         self.waiting = 0
+        self.interactive_waiting = 0
 
     async def admit(
         self, request: RouteRequest, policy: Policy, tried: Collection[str] = ()
     ) -> tuple[Lease, Decision]:
         """A lease on the backend the policy chose, preferring backends not `tried` yet."""
         view = self._candidates(request.model, tried)
-        if view is None:
-            view = await self._wait(request.model, tried)
+        if view is None or (self.interactive_waiting and request.lane != INTERACTIVE):
+            view = await self._wait(request, tried)
+        if self._reserve or self.interactive_waiting:
+            view = msgspec.structs.replace(
+                view, reserve=self._reserve, interactive_waiting=self.interactive_waiting
+            )
         decision = _choose(policy, request, view)
         chosen = _chosen(view, decision.backend)
         if chosen is None:
@@ -50,7 +59,8 @@ class Admission:
             view = self._pool.routing_view(model)
         return view
 
-    async def _wait(self, model: str | None, tried: Collection[str]) -> PoolView:
+    async def _wait(self, request: RouteRequest, tried: Collection[str]) -> PoolView:
+        model, interactive = request.model, request.lane == INTERACTIVE
         retry_after = self._config.retry_after_s
         if not self._pool.healthy(model):
             raise self._no_healthy(model, tried)
@@ -61,6 +71,7 @@ class Admission:
             )
         deadline = time.monotonic() + self._config.queue_timeout_s
         self.waiting += 1
+        self.interactive_waiting += interactive
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -72,12 +83,15 @@ class Admission:
                     )
                 await self._pool.wait_changed(min(remaining, _RECHECK_S))
                 view = self._candidates(model, tried)
-                if view is not None:
+                if view is not None and (interactive or not self.interactive_waiting):
                     return view
                 if not self._pool.healthy(model):
                     raise self._no_healthy(model, tried)
         finally:
             self.waiting -= 1
+            if interactive:
+                self.interactive_waiting -= 1
+                self._pool.notify()  # batch requests held behind this one may go now
 
     def _no_healthy(self, model: str | None, tried: Collection[str]) -> NoHealthyBackendError:
         """The 503 that says, for each backend, why it could not take this request."""

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from specroute.errors import AuthenticationError, PermissionDeniedError
 
-__all__ = ["ADMIN", "PUBLIC", "Auth", "access_of", "presented_key"]
+__all__ = ["ADMIN", "PUBLIC", "Auth", "access_of", "bearer", "matches", "presented_key"]
 
 PUBLIC = {"access": "public"}
 """Route option: no key needed (liveness, readiness, Prometheus)."""
@@ -30,14 +30,16 @@ def presented_key(authorization: bytes | None, api_key: bytes | None) -> bytes |
     return authorization
 
 
-def _matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
+def matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Whether `given` is one of `keys`, in time that does not depend on which."""
     found = False
     for key in keys:  # no early exit: the time taken does not depend on which key matched
         found |= hmac.compare_digest(given, key)
     return found
 
 
-def _bearer(authorization: bytes | None) -> bytes | None:
+def bearer(authorization: bytes | None) -> bytes | None:
+    """The key in `Authorization: Bearer KEY`, else None."""
     if authorization is None:
         return None
     scheme, _, token = authorization.strip().partition(b" ")
@@ -61,10 +63,10 @@ class Auth:
         """API routes: any API key (or the admin key) when API keys are configured."""
         if not self.required:
             return
-        token = _bearer(authorization)
+        token = bearer(authorization)
         if token is None:
             raise AuthenticationError("missing API key: send `Authorization: Bearer KEY`")
-        if not _matches(token, self._keys):
+        if not matches(token, self._keys):
             raise AuthenticationError("invalid API key")
 
     def may_name_class(self, authorization: bytes | None) -> bool:
@@ -72,8 +74,8 @@ class Auth:
         every request when no API keys are set, else one with a class key or the admin key."""
         if not self.required:
             return True
-        token = _bearer(authorization)
-        return token is not None and _matches(token, self._class_keys)
+        token = bearer(authorization)
+        return token is not None and matches(token, self._class_keys)
 
     def require(self, access: str, authorization: bytes | None) -> None:
         """Enforce `access` ("public", "client" or "admin") on one request."""
@@ -86,8 +88,8 @@ class Auth:
         """Admin routes (PUT /policy): only the admin key; refused when none is configured."""
         if not self._admin:
             raise PermissionDeniedError("admin API disabled: configure admin_key")
-        token = _bearer(authorization)
+        token = bearer(authorization)
         if token is None:
             raise AuthenticationError("missing admin key: send `Authorization: Bearer KEY`")
-        if not _matches(token, self._admin):
+        if not matches(token, self._admin):
             raise AuthenticationError("invalid admin key")

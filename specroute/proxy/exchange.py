@@ -11,6 +11,7 @@ import structlog
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
 from specroute.pool import Lease, UpstreamFailure
 from specroute.proxy.intake import Send
+from specroute.proxy.lanes import LANE_HEADER, LaneStats, decode_speed
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.reply import Reply
 from specroute.proxy.request_log import RequestLogSampler
@@ -38,12 +39,15 @@ class Exchange:
         self.steps: int | None = None
         self.attempts = 0
         self.attempt_started = self.started
+        self.admitted: float | None = None  # when the first attempt began
         self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
         self.attempts += 1
         self.decision = decision
+        if self.admitted is None:
+            self.admitted = time.perf_counter()
         self.backend = lease.backend.name
         self.steps = lease.backend.steps
         self.attempt_started = time.perf_counter()
@@ -55,6 +59,8 @@ class Exchange:
             (b"x-specroute-policy", self.policy.name.encode()),
             (b"x-request-id", self.request_id.encode()),
         ]
+        if self.request is not None:
+            headers.append((LANE_HEADER, self.request.lane.encode()))
         if self.backend is not None:
             headers.append((b"x-specroute-backend", self.backend.encode()))
             steps = "" if self.steps is None else str(self.steps)
@@ -83,6 +89,7 @@ class Exchange:
             in_flight_at_start=lease.in_flight_at_start,
             mean_in_flight=lease.mean_in_flight,
             error=error,
+            lane=self.request.lane,
         )
 
     def _attempt_ttft(self) -> float | None:
@@ -92,6 +99,18 @@ class Exchange:
         if stream is None or stream.ttft is None:
             return None
         return stream.ttft - (self.attempt_started - self.started)
+
+    def finish_lane(self, lanes: LaneStats) -> None:
+        """What the request's lane got: its queue wait and a stream's decode speed."""
+        if self.request is None or self.admitted is None or self.reply.status != 200:
+            return
+        stream = self.reply.stream
+        ttft = stream.ttft if stream is not None else None
+        end = time.perf_counter() - self.started
+        tokens = self.reply.measured.completion_tokens
+        lanes.observe(
+            self.request.lane, self.admitted - self.started, decode_speed(tokens, ttft, end)
+        )
 
     def finish(self, metrics: ProxyMetrics, request_log: RequestLogSampler) -> None:
         """The metrics of this request, and its one log line if `request_log` keeps it."""

@@ -10,6 +10,7 @@ import msgspec
 
 from specroute.config import LearnConfig
 from specroute.errors import BadRequestError
+from specroute.lanes import BATCH, Lane
 from specroute.policies import RouteRequest
 from specroute.speculation import is_greedy
 
@@ -63,6 +64,8 @@ class RoutingFields(msgspec.Struct, kw_only=True):
     n: int | None = 1
     stream_options: StreamOptions | msgspec.UnsetType | None = msgspec.UNSET
     return_spec_tokens_details: bool | msgspec.UnsetType | None = msgspec.UNSET
+    service_tier: str | None = None
+    priority: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ChatFields(RoutingFields, kw_only=True):
@@ -79,6 +82,7 @@ class GenerateFields(msgspec.Struct, kw_only=True):
     stream: bool | None = False
     model: str | None = None
     sampling_params: SamplingParams | None = None
+    priority: int | msgspec.UnsetType | None = msgspec.UNSET
 
 
 class ResponsesFields(msgspec.Struct, kw_only=True):
@@ -157,13 +161,20 @@ def _param(message: str) -> str | None:
     return message.split("`")[1].removeprefix("$.") or None
 
 
-def route_request(route: str, fields: Fields, klass: str | None) -> RouteRequest:
+def route_request(
+    route: str,
+    fields: Fields,
+    klass: str | None,
+    lane: Lane = BATCH,
+    target_tok_s: float = 0.0,
+) -> RouteRequest:
     """The features a policy sees; the workload class is the client's header or model+sampling
-    (the same class whichever API the request came in by)."""
+    (the same class whichever API the request came in by); the lane and its speed target as
+    `proxy.lanes` resolved them."""
     n: int | None = 1
     if isinstance(fields, ForwardFields):
         return RouteRequest(
-            route=route, model=fields.model, workload_class=klass or route, stream=False
+            route=route, model=fields.model, workload_class=klass or route, stream=False, lane=lane
         )
     if isinstance(fields, ResponsesFields):
         max_tokens = fields.max_output_tokens
@@ -194,6 +205,8 @@ def route_request(route: str, fields: Fields, klass: str | None) -> RouteRequest
         top_p=top_p,
         top_k=top_k,
         n=n or 1,
+        lane=lane,
+        target_tok_s=target_tok_s,
     )
 
 

@@ -72,6 +72,7 @@ def pool_info(state: ProxyState) -> dict[str, Any]:
     return {
         "policy": state.policy.name,
         "waiting": state.admission.waiting,
+        "lanes": state.lanes.report(),
         "backends": backends,
         "replicas": replicas_info(state),
         "recent_decisions": state.decisions.render(),

@@ -26,11 +26,13 @@ from specroute.proxy.auth import Auth, presented_key
 from specroute.proxy.bodies import BodyHold
 from specroute.proxy.fields import (
     Extras,
+    ForwardFields,
     ResponsesFields,
     decode_fields,
     route_request,
     upstream_body,
 )
+from specroute.proxy.lanes import LANE_HEADER, LaneResolver, with_priority
 from specroute.proxy.stalls import ClientTransport
 
 __all__ = [
@@ -93,6 +95,7 @@ class Intake:
         self._auth = auth
         self._on_ignored = on_ignored
         self._classes: set[str] = set()
+        self._lanes = LaneResolver(config.lanes, auth)
 
     async def read(self, route: str, scope: Scope, receive: Receive, hold: BodyHold) -> Incoming:
         """The request on `route`, its body's bytes reserved in `hold`: a 4xx error if it is
@@ -109,7 +112,16 @@ class Intake:
         forwarded, extras = upstream_body(body, fields, config.learn)
         named = fields if model in (None, given) else msgspec.structs.replace(fields, model=model)
         continues = fields.previous_response_id if isinstance(fields, ResponsesFields) else None
-        return Incoming(route_request(route, named, klass), forwarded, extras, continues)
+        lane = self._lanes.resolve(
+            header(scope, b"authorization"),
+            header(scope, LANE_HEADER),
+            getattr(fields, "service_tier", None),
+        )
+        priority = getattr(fields, "priority", msgspec.UNSET)
+        if config.lanes.engine_priority and not isinstance(fields, ForwardFields):
+            forwarded = with_priority(forwarded, priority, config.lanes.priority(lane))
+        request = route_request(route, named, klass, lane, config.lanes.target)
+        return Incoming(request, forwarded, extras, continues)
 
     def _served_model(self, model: str | None) -> str | None:
         """The served model a request names, which routes it (the client's bytes go upstream

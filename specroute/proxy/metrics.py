@@ -216,6 +216,13 @@ class ProxyGauges:
             "Requests waiting for a free backend.",
             value=self._admission.waiting,
         )
+        interactive = self._admission.interactive_waiting
+        yield _gauge(
+            "specroute_lane_waiting_requests",
+            "Requests waiting for a free backend, per latency lane.",
+            ("lane",),
+            ((("interactive",), interactive), (("batch",), self._admission.waiting - interactive)),
+        )
         yield GaugeMetricFamily(
             "specroute_request_body_bytes",
             "Request-body bytes held now, all requests together (capped by "

@@ -48,6 +48,10 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     stream_options: StreamOptions | None = None
     return_spec_tokens_details: bool | None = None
     """SGLang's: per-request speculative statistics in the reply's `sglext`."""
+    service_tier: str | None = None
+    """OpenAI's: `priority` puts the request in the interactive lane, `flex` in batch."""
+    priority: int | None = None
+    """SGLang's scheduling priority (with `--enable-priority-scheduling`)."""
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -64,6 +68,10 @@ class CompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     n: int | None = None
     stream_options: StreamOptions | None = None
     return_spec_tokens_details: bool | None = None
+    service_tier: str | None = None
+    """OpenAI's: `priority` puts the request in the interactive lane, `flex` in batch."""
+    priority: int | None = None
+    """SGLang's scheduling priority (with `--enable-priority-scheduling`)."""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -82,6 +90,7 @@ class GenerateRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     stream: bool | None = None
     model: str | None = None
     """Read by the proxy only, to pick a backend that serves it in a pool of several models."""
+    priority: int | None = None
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -147,6 +147,7 @@ class Relay:
             if stop_watching is not None:
                 stop_watching()
             ex.finish(state.metrics, state.request_log)
+            ex.finish_lane(state.lanes)
 
     async def _forward(self, ex: Exchange, incoming: Incoming) -> None:
         """Attempts on distinct backends while failures happen before the first byte."""

@@ -12,6 +12,7 @@ from specroute.proxy.auth import Auth
 from specroute.proxy.bodies import BodyBudget
 from specroute.proxy.decisions import RecentDecisions
 from specroute.proxy.depths import DepthWatch
+from specroute.proxy.lanes import LaneStats
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.paced import PacedRender
 from specroute.proxy.process import ProcessMonitor
@@ -31,13 +32,14 @@ class ProxyState:
         # The current policy: PUT /policy replaces it; each request keeps the one it came in
         # under (the relay binds it once per request).
         self.policy: Policy = create(config.policy)
-        self.admission = Admission(self.pool, config.admission)
+        self.admission = Admission(self.pool, config.admission, config.lanes.reserve)
         self.auth = Auth(config.api_keys, config.admin_key, config.class_keys)
         limits = config.limits
         self.bodies = BodyBudget(
             limits.max_body_bytes_in_flight, limits.body_wait_s, config.admission.retry_after_s
         )
         self.metrics = ProxyMetrics()
+        self.lanes = LaneStats(self.metrics.registry, config.lanes.target)
         self.decisions = RecentDecisions()
         self.request_log = RequestLogSampler(config.request_log_share)
         self.process = ProcessMonitor()
