@@ -69,6 +69,8 @@ class Iteration:
     prefilled: int
     accepted_drafts: int
     verifies: int
+    accepted_per_pos: tuple[int, ...] = ()
+    """Verifies whose draft at position i (0-based) was accepted, for each i below `steps`."""
 
 
 class Engine:
@@ -169,12 +171,15 @@ class Engine:
         self.clock += duration
         emissions: list[Emission] = []
         accepted_total = 0
+        per_pos = [0] * steps
         for seq in joined:
             seq.first_token_at = self.clock
             emissions.append(self._emit(seq, 1))
         for seq in decoding:
             accepted = self._draft_and_verify(seq, steps)
             accepted_total += accepted
+            for position in range(accepted):
+                per_pos[position] += 1
             emissions.append(self._emit(seq, accepted + 1))
         if self.adaptive and decoding:
             self.adaptive.observe(len(decoding), accepted_total / len(decoding))
@@ -187,6 +192,7 @@ class Engine:
             prefilled=len(joined),
             accepted_drafts=accepted_total,
             verifies=len(decoding) if steps > 0 else 0,
+            accepted_per_pos=tuple(per_pos),
         )
 
     def _admit(self) -> list[Req]:
