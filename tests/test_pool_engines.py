@@ -9,6 +9,7 @@ import pytest
 from specroute.policies import Outcome
 from specroute.pool.engines import (
     STREAM_FRAMING,
+    Engine,
     engine_of_metrics,
     engine_of_server_info,
     parse_vllm_metrics,
@@ -25,8 +26,7 @@ def scrape(drafts: float, accepted: float, *, depth: int = 3, engines: int = 1) 
         "# HELP vllm:num_requests_running Number of requests in model execution batches.",
         "# TYPE vllm:num_requests_running gauge",
     ]
-    for e in range(engines):
-        lines.append(f"vllm:num_requests_running{{{LABELS.format(e=e)}}} 5.0")
+    lines += [f"vllm:num_requests_running{{{LABELS.format(e=e)}}} 5.0" for e in range(engines)]
     lines += ["# TYPE vllm:num_requests_waiting gauge"]
     lines += [f"vllm:num_requests_waiting{{{LABELS.format(e=e)}}} 1.0" for e in range(engines)]
     for name, value in (("drafts", drafts), ("accepted_tokens", accepted)):
@@ -93,14 +93,14 @@ def test_vllm_developer_mode_config_gives_depth_method_and_capacity() -> None:
     assert (text.steps, text.capacity) == (None, None)
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm"])
-def test_tokens_per_chunk_counts_only_decode_chunks_of_each_engine(engine: str) -> None:
+@pytest.mark.parametrize(("engine", "events"), [("sglang", 23), ("vllm", 22)])
+def test_tokens_per_chunk_counts_only_decode_chunks_of_each_engine(
+    engine: Engine, events: int
+) -> None:
     """20 verifies of 3 tokens after the prefill's one: SGLang's stream has a role event, the
     first token and a finish event around them; vLLM's finish rides on the last content."""
-    framing = STREAM_FRAMING[engine]  # type: ignore[index]
     outcome = Outcome(
         backend="b", steps=3, workload_class="m:greedy", status=200, stream=True,
-        completion_tokens=61, chunks=20 + framing,
+        completion_tokens=61, chunks=events,
     )  # fmt: skip
-    sample = accept_sample(outcome, None, framing)
-    assert sample == (3.0, 20.0, "chunks")
+    assert accept_sample(outcome, None, STREAM_FRAMING[engine]) == (3.0, 20.0, "chunks")
