@@ -230,7 +230,7 @@ def _sglang_verdict(plan: LaunchPlan, args: argparse.Namespace) -> list[str | No
     """SGLang's rejections, or None when the check does not apply or cannot run here."""
     from specroute.launch.sglang_check import sglang_installed
 
-    if args.emulate or args.no_sglang_check or not sglang_installed():
+    if args.emulate or args.engine == "vllm" or args.no_sglang_check or not sglang_installed():
         return None
     from specroute.launch.launcher import validate_with_sglang
 
@@ -265,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(format_plan(plan))
         if verdicts is not None:
             print("# every server's command line was accepted by SGLang's resolver")
+        elif args.engine == "vllm" and not args.emulate:
+            print("# not checked here: `make vllm-check` runs vLLM's own parser on such lines")
         elif not args.emulate:
             print("# not checked by SGLang (the sglang package is not installed here)")
         return 0
