@@ -56,6 +56,24 @@ $(SGLANG_STAMP): deploy/sglang-check/requirements.txt pyproject.toml
 sglang-check: $(SGLANG_STAMP)
 	$(SGLANG_VENV)/bin/python -m specroute.launch.sglang_matrix
 
+# vLLM's own `vllm serve` argument parser on every vLLM command line `launch` and `tune` make
+# (MTP, EAGLE, EAGLE3; several depths, TP sizes, per-depth limits and flags), plus lines it must
+# refuse. A separate environment: vllm goes in without its GPU dependencies (deploy/vllm-check/).
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): deploy/vllm-check/requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps torch==2.14.0 vllm==0.33.0
+	$(VLLM_VENV)/bin/pip install --quiet -r deploy/vllm-check/requirements.txt
+	$(VLLM_VENV)/bin/pip install --quiet -e .
+	@touch $(VLLM_STAMP)
+
+.PHONY: vllm-check
+vllm-check: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m specroute.tune.vllm_matrix
+
 # The dashboard's browser test drives Debian's chromium (never a downloaded browser). CI runs as
 # root on a fresh machine, so `make test` installs it there; elsewhere without root the test skips.
 .PHONY: browser dashboard-screenshot
