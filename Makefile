@@ -62,11 +62,12 @@ sglang-check: $(SGLANG_STAMP)
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
-$(VLLM_STAMP): deploy/vllm-check/requirements.txt pyproject.toml
+$(VLLM_STAMP): deploy/vllm-check/requirements.txt deploy/vllm-check/requirements-nodeps.txt pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps torch==2.14.0 vllm==0.33.0
 	$(VLLM_VENV)/bin/pip install --quiet -r deploy/vllm-check/requirements.txt
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r deploy/vllm-check/requirements-nodeps.txt
 	$(VLLM_VENV)/bin/pip install --quiet -e .
 	@touch $(VLLM_STAMP)
 

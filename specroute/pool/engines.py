@@ -112,16 +112,15 @@ def parse_vllm_metrics(text: str, previous: BackendMetrics | None = None) -> Bac
     depth from the per-position counters, and the accept length since `previous` (1 + accepted /
     drafts over the window; the previous window's figure while no draft was verified since)."""
     lines = [ln for ln in text.splitlines() if ln.startswith(_VLLM)]
-    samples = read_samples("\n".join(ln for ln in lines if ln.startswith(tuple(_GAUGES))))
-    positions = {
-        ln.split('position="', 1)[1].split('"', 1)[0]
-        for ln in lines
-        if ln.startswith(_PER_POS) and 'position="' in ln
-    }
+    samples = read_samples("\n".join(ln for ln in lines if ln.startswith((*_GAUGES, _PER_POS))))
     if samples is None:
         return BackendMetrics()
     found: dict[str, float] = {}
+    positions: set[str] = set()
     for sample in samples:
+        if sample.name == _PER_POS:
+            positions.add(sample.labels.get("position", ""))
+            continue
         field = _GAUGES.get(sample.name)
         if field is not None and math.isfinite(sample.value):
             found[field] = found.get(field, 0.0) + float(sample.value)
