@@ -58,14 +58,16 @@ sglang-check: $(SGLANG_STAMP)
 
 # vLLM's own `vllm serve` argument parser on every vLLM command line `launch` and `tune` make
 # (MTP, EAGLE, EAGLE3; several depths, TP sizes, per-depth limits and flags), plus lines it must
-# refuse. A separate environment: vllm goes in without its GPU dependencies (deploy/vllm-check/).
+# refuse. A separate environment: vllm goes in without its GPU kernels (deploy/vllm-check/); torch
+# 2.14.0 (vllm's pin) with the CUDA libraries it needs to import, about 7 GB. No GPU, no model.
 VLLM_VENV  ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
 $(VLLM_STAMP): deploy/vllm-check/requirements.txt deploy/vllm-check/requirements-nodeps.txt pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/pip install --quiet --no-deps torch==2.14.0 vllm==0.33.0
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.14.0
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps vllm==0.33.0
 	$(VLLM_VENV)/bin/pip install --quiet -r deploy/vllm-check/requirements.txt
 	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r deploy/vllm-check/requirements-nodeps.txt
 	$(VLLM_VENV)/bin/pip install --quiet -e .

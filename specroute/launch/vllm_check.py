@@ -1,7 +1,8 @@
 """Check launcher command lines for vLLM with vLLM's own argument code, before anything starts.
 
 `make_arg_parser(FlexibleArgumentParser())` and `validate_parsed_serve_args` from
-vllm/entrypoints/openai/cli_args.py (what `vllm serve` parses with: the `model_tag` positional,
+vllm/entrypoints/common/cli_args.py (vllm/entrypoints/openai/cli_args.py in older releases;
+what vllm/entrypoints/cli/serve.py parses `vllm serve` with: the `model_tag` positional,
 the frontend flags and `AsyncEngineArgs.add_cli_args` from vllm/engine/arg_utils.py), then
 `AsyncEngineArgs.from_cli_args`: a rejection carries vLLM's own message. It needs the `vllm`
 package (installed without its GPU dependencies, see deploy/vllm-check/), not a GPU. Run as
@@ -16,6 +17,7 @@ import importlib
 import importlib.util
 import io
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -38,9 +40,24 @@ def _after_serve(argv: Sequence[str]) -> list[str]:
     return args[args.index("serve") + 1 :] if "serve" in args else args
 
 
+_CLI_ARGS = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.openai.cli_args")
+"""Where `make_arg_parser` lives: vllm/entrypoints/common/ since 0.2x, openai/ before."""
+
+
+def _cli_args() -> Any:
+    for name in _CLI_ARGS:
+        if importlib.util.find_spec(name) is not None:
+            return importlib.import_module(name)
+    raise VllmRejected(f"this vllm has none of {', '.join(_CLI_ARGS)}")
+
+
 def _parser() -> Any:
+    # vLLM infers its platform when its argument defaults are built; without a GPU it finds
+    # none unless told (vllm/platforms/__init__.py, `cpu_platform_plugin`). Only defaults
+    # depend on it: every flag the launcher writes is given explicitly.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     # Imported by name: vLLM is an optional environment that the type checker's lacks.
-    cli_args = importlib.import_module("vllm.entrypoints.openai.cli_args")
+    cli_args = _cli_args()
     try:
         flexible = importlib.import_module("vllm.utils.argparse_utils").FlexibleArgumentParser
     except (ImportError, AttributeError):  # releases before vllm.utils became a package
