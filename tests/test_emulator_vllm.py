@@ -14,6 +14,8 @@ import pytest
 from emulator_support import parse_metrics, stream_events, wait_for
 from servers import Server, start_emulator
 
+from specroute.bench.probes import parse_counters
+
 MODEL = "emulated/vllm-model"
 STEPS = 3
 
@@ -137,3 +139,21 @@ def test_max_num_seqs_caps_the_batch_and_queues_the_rest() -> None:
             )
 
         wait_for(full)
+
+
+def test_bench_reads_vllm_acceptance_from_its_counters(client: httpx.Client) -> None:
+    """The bench's counter reading of a vLLM server is vLLM's own 1 + accepted / drafts."""
+    before = parse_counters(client.get("/metrics").text)
+    first = counters(client)
+    client.post("/v1/chat/completions", json=body(max_tokens=120)).raise_for_status()
+    after = parse_counters(client.get("/metrics").text)
+    last = counters(client)
+    assert before is not None
+    assert after is not None
+    drafts = last["vllm:spec_decode_num_drafts_total"] - first["vllm:spec_decode_num_drafts_total"]
+    accepted = (
+        last["vllm:spec_decode_num_accepted_tokens_total"]
+        - first["vllm:spec_decode_num_accepted_tokens_total"]
+    )
+    assert drafts > 0
+    assert after.accept_length_since(before) == pytest.approx(1 + accepted / drafts)

@@ -17,7 +17,7 @@ import math
 from typing import Any, Literal
 
 from specroute.pool.promtext import BackendMetrics
-from specroute.prometheus import read_samples
+from specroute.prometheus import VLLM_PREFIX, read_samples
 
 __all__ = [
     "PROBE_PATH",
@@ -40,7 +40,7 @@ STREAM_FRAMING: dict[Engine, int] = {"sglang": 3, "vllm": 2}
 token and a finish event of its own; vLLM (vllm/entrypoints/openai/chat_completion/serving.py)
 puts the finish reason on the last content event."""
 
-_VLLM = "vllm:"
+_VLLM = VLLM_PREFIX
 _DRAFTS = "vllm:spec_decode_num_drafts_total"
 _ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 _PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
