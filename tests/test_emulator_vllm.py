@@ -15,6 +15,7 @@ from emulator_support import parse_metrics, stream_events, wait_for
 from servers import Server, start_emulator
 
 from specroute.bench.probes import parse_counters
+from specroute.emulator.vllm_schedule import DynamicSchedule
 
 MODEL = "emulated/vllm-model"
 STEPS = 3
@@ -163,3 +164,31 @@ def test_bench_reads_vllm_acceptance_from_its_counters(client: httpx.Client) -> 
     tokens = last["vllm:generation_tokens_total"] - first["vllm:generation_tokens_total"]
     assert tokens / drafts != pytest.approx(truth)
     assert after.accept_length_since(before) == pytest.approx(truth)
+
+
+def test_dynamic_k_table_follows_vllms_rules() -> None:
+    """K by the range holding the batch size, the K before a gap or past the last range
+    carried on, capped at num_speculative_tokens; tables vLLM refuses are refused."""
+    table = DynamicSchedule([(1, 4, 5), (9, 16, 2), (17, 64, 0)], max_k=3)
+    assert [table(b) for b in (0, 1, 4, 5, 8, 9, 16, 17, 500)] == [3, 3, 3, 3, 3, 2, 2, 0, 0]
+    for bad in ([(2, 4, 1)], [(1, 4, 1), (3, 8, 1)], [(1, 0, 1)], [(1, 4, -1)], []):
+        with pytest.raises(ValueError, match=r"start at 1|overlap|bad range|empty"):
+            DynamicSchedule(bad, max_k=3)
+
+
+def test_dynamic_k_table_sets_the_depth_each_step_drafts() -> None:
+    """A lone request (batch 1) drafts the first range's K, not num_speculative_tokens; K = 0
+    drafts nothing, though the per-position counters still run to num_speculative_tokens."""
+    for table, k in (("[[1, 8, 1]]", 1), ("[[1, 8, 0]]", 0)):
+        args = ("--engine", "vllm", "--num-speculative-tokens-per-batch-size", table)
+        with (
+            start_emulator(3, *args, "--time-scale", "20", ready_path="/health") as dynamic,
+            httpx.Client(base_url=dynamic.url, timeout=30) as client,
+        ):
+            client.post("/v1/chat/completions", json=body()).raise_for_status()
+            values = counters(client)
+            drafts = values["vllm:spec_decode_num_drafts_total"]
+            assert values["vllm:spec_decode_num_draft_tokens_total"] == k * drafts
+            assert (drafts > 0) == (k > 0)
+            positions = [n for n in values if "per_pos_total{" in n]
+            assert len(positions) == STEPS

@@ -89,6 +89,17 @@ def test_vllm_developer_mode_config_gives_depth_method_and_capacity() -> None:
     assert (settings.steps, settings.method, settings.capacity) == (2, "mtp", 128)
     plain = vllm_settings({"vllm_config": {"speculative_config": None}})
     assert (plain.steps, plain.capacity) == (0, None)
+    dynamic = vllm_settings(
+        {
+            "vllm_config": {
+                "speculative_config": {
+                    "num_speculative_tokens": 3,
+                    "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 256, 1]],
+                }
+            }
+        }
+    )
+    assert (dynamic.steps, dynamic.dynamic, settings.dynamic) == (3, True, False)
     text = vllm_settings({"vllm_config": "VllmConfig(...)"})  # the default text dump
     assert (text.steps, text.capacity) == (None, None)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -80,6 +81,8 @@ def _server_flags(group: argparse._ArgumentGroup) -> None:
         help="--speculative-num-steps (vLLM: num_speculative_tokens); 0 runs without speculation")
     add("--engine", choices=("sglang", "vllm"), default="sglang",
         help="the dialect: SGLang 0.5.23's, or vLLM's OpenAI server (same physics)")
+    add("--num-speculative-tokens-per-batch-size", type=json.loads, default=None, metavar="JSON",
+        help="with --engine vllm: vLLM's dynamic K table, [[first, last, K], ...] batch sizes")
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=SGLANG_PORT, help="SGLang's default port")
     add("--max-running-requests", "--max-num-seqs", type=int, default=None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig, AdaptiveSteps
@@ -89,12 +90,15 @@ class Engine:
         seed: int = 0,
         adaptive: bool = False,
         adaptive_config: AdaptiveConfig = DEFAULT_ADAPTIVE_CONFIG,
+        schedule: Callable[[int], int] | None = None,
     ) -> None:
+        """`schedule`: a depth per batch size at most `steps` (vLLM's dynamic K table)."""
         if steps < 0:
             raise ValueError("steps must be 0 (no speculation) or more")
         self.profile = profile
         self.steps = steps
         self.adaptive = AdaptiveSteps(steps, adaptive_config) if adaptive else None
+        self.schedule = schedule
         self.deepest_steps = adaptive_config.max_steps if adaptive else steps
         """The depth memory is sized for: an adaptive server's deepest candidate."""
         self.memory_capacity = profile.capacity(self.deepest_steps)
@@ -116,6 +120,8 @@ class Engine:
     @property
     def active_steps(self) -> int:
         """The depth the next iteration uses (adaptive: its batch's tier decides)."""
+        if self.schedule is not None:
+            return self.schedule(len(self.running))
         return self.adaptive.steps_for(len(self.running)) if self.adaptive else self.steps
 
     def submit(

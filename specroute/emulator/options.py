@@ -12,6 +12,7 @@ from specroute.emulator.adaptive import (
     check_initial_steps,
 )
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.emulator.vllm_schedule import DynamicSchedule
 
 __all__ = ["SGLANG_PORT", "SPEC_ALGORITHMS", "VLLM_DEFAULT_MAX_NUM_SEQS", "EmulatorOptions"]
 
@@ -59,12 +60,18 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     malformed_sse_rate: Share = 0.0
     engine: Literal["sglang", "vllm"] = "sglang"
     """The dialect it speaks: SGLang's, or vLLM's (`emulator.vllm_server`); one physics."""
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    """vLLM's dynamic K table: (first batch size, last batch size, K) ranges (`vllm_schedule`)."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; choose one of {sorted(PROFILES)}")
         if self.steps == 0 and self.speculative_algorithm is not None:
             raise ValueError("--speculative-algorithm needs --steps 1 or more")
+        if self.num_speculative_tokens_per_batch_size is not None:
+            if self.engine != "vllm":
+                raise ValueError("--num-speculative-tokens-per-batch-size needs --engine vllm")
+            DynamicSchedule(self.num_speculative_tokens_per_batch_size, self.steps)  # checks it
         if self.engine == "vllm" and (self.speculative_adaptive or self.speculative_algorithm):
             raise ValueError("--engine vllm takes --steps only (num_speculative_tokens)")
         if self.speculative_adaptive:

@@ -77,9 +77,11 @@ class Emulator:
         *,
         stats: Callable[..., Stats] = Stats,
         responder: Callable[..., Responder] = Responder,
+        schedule: Callable[[int], int] | None = None,
     ) -> None:
         """`stats` and `responder` build the dialect's metrics and replies (SGLang's unless an
-        app of another dialect, `vllm_server`, passes its own)."""
+        app of another dialect, `vllm_server`, passes its own); `schedule` is a depth per batch
+        size (vLLM's dynamic K table)."""
         profile = get_profile(options.profile)
         speculative = options.algorithm is not None
         self.options = options
@@ -94,6 +96,7 @@ class Emulator:
             seed=options.seed,
             adaptive=options.speculative_adaptive,
             adaptive_config=options.adaptive_config,
+            schedule=schedule,
         )
         self.stats = stats(
             model_name=self.served,

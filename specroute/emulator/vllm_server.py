@@ -23,6 +23,7 @@ from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import VLLM_DEFAULT_MAX_NUM_SEQS, EmulatorOptions
 from specroute.emulator.runtime import Emulator, json_response
 from specroute.emulator.vllm_metrics import VllmStats
+from specroute.emulator.vllm_schedule import DynamicSchedule
 from specroute.emulator.vllm_streams import VllmResponder
 from specroute.prometheus import CONTENT_TYPE
 
@@ -100,10 +101,12 @@ def build_vllm(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
     """The vLLM-dialect app and its runtime; `options.steps` is `num_speculative_tokens`."""
     if options.max_running_requests is None:
         options = msgspec.structs.replace(options, max_running_requests=VLLM_DEFAULT_MAX_NUM_SEQS)
+    table = options.num_speculative_tokens_per_batch_size
     emu = Emulator(
         options,
         stats=functools.partial(VllmStats, steps=options.steps),
         responder=VllmResponder,
+        schedule=DynamicSchedule(table, options.steps) if table else None,
     )
 
     def provide() -> Emulator:

@@ -101,7 +101,7 @@ class Backend:
         self.configured_steps = settings.steps if settings else None
         self.algorithm = settings.method if settings else None
         self.capacity = settings.capacity if settings else None
-        self.adaptive = False
+        self.adaptive = settings.dynamic if settings else False
         if self.model_cards:
             self.model = str(self.model_cards[0]["id"])
         self._configured_over()

@@ -71,12 +71,17 @@ def engine_of_metrics(text: str) -> Engine | None:
 class VllmSettings:
     """What a vLLM server's developer-mode `/server_info?config_format=json` says."""
 
-    __slots__ = ("capacity", "method", "steps")
+    __slots__ = ("capacity", "dynamic", "method", "steps")
 
-    def __init__(self, steps: int | None, capacity: int | None, method: str | None) -> None:
+    def __init__(
+        self, steps: int | None, capacity: int | None, method: str | None, dynamic: bool = False
+    ) -> None:
         self.steps = steps
         self.capacity = capacity
         self.method = method
+        self.dynamic = dynamic
+        """K follows the batch size (`num_speculative_tokens_per_batch_size`): `steps` is the
+        most it drafts, and no accept length belongs to one depth."""
 
 
 def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
@@ -104,6 +109,7 @@ def vllm_settings(info: dict[str, Any]) -> VllmSettings:
         _int(spec.get("num_speculative_tokens")),
         capacity,
         method if isinstance(method, str) else None,
+        dynamic=bool(spec.get("num_speculative_tokens_per_batch_size")),
     )
 
 
