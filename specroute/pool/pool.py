@@ -31,7 +31,6 @@ from specroute.tasks import cancel
 __all__ = ["Lease", "Pool"]
 
 log = structlog.get_logger()
-_UNRECOGNISED = "neither SGLang nor vLLM: set backends[].engine"
 _json = msgspec.json.Decoder(dict[str, Any])
 
 
@@ -285,16 +284,13 @@ class Pool:
     async def _probe(self, backend: Backend) -> None:
         timed_out = False
         try:
-            if backend.engine is None:
+            if backend.engine is None:  # unknown until one says: probed as SGLang meanwhile
                 backend.engine = await recognise(lambda path: self._get(backend, path))
                 if backend.engine is not None:
                     log.info("backend_engine", backend=backend.name, engine=backend.engine)
-            if backend.engine is None:
-                ok, backend.probe_error = False, _UNRECOGNISED
-            else:
-                status, _ = await self._get(backend, backend.probe_path)
-                ok = status == 200
-                backend.probe_error = None if ok else status_failure(status, backend.probe_path)
+            status, _ = await self._get(backend, backend.probe_path)
+            ok = status == 200
+            backend.probe_error = None if ok else status_failure(status, backend.probe_path)
         except UpstreamFailure as exc:
             ok = False
             backend.probe_error = probe_failure(exc, self._config.health.timeout_s)
