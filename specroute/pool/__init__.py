@@ -15,6 +15,7 @@ from specroute.pool.client import (
     UpstreamResponse,
 )
 from specroute.pool.deadlines import AttemptLimits, Deadlines, attempt_limits
+from specroute.pool.engines import Engine, VllmSettings, parse_vllm_metrics, vllm_settings
 from specroute.pool.estimators import StallRule
 from specroute.pool.holds import BACKEND_STATES, BackendState, Hold, Holds, HoldState
 from specroute.pool.index import RoutingIndex
@@ -38,6 +39,7 @@ __all__ = [
     "CircuitBreaker",
     "ConnectFailed",
     "Deadlines",
+    "Engine",
     "EstimatesWire",
     "Hold",
     "HoldState",
@@ -59,13 +61,16 @@ __all__ = [
     "UpstreamClient",
     "UpstreamFailure",
     "UpstreamResponse",
+    "VllmSettings",
     "attempt_limits",
     "blend_classes",
     "headroom",
     "load_profile_priors",
     "local_estimates",
     "parse_metrics",
+    "parse_vllm_metrics",
     "priors_from_profile",
     "scrape_interval",
     "share_of",
+    "vllm_settings",
 ]
