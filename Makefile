@@ -78,6 +78,27 @@ sglang-check: $(SGLANG_STAMP)
 	$(SGLANG_VENV)/bin/python -m specroute.launch.sglang_matrix
 	$(SGLANG_VENV)/bin/python -m pytest -q -rs tests/test_sglang_routes.py -k sglangs_own_app
 
+# vLLM's own `vllm serve` argument parser on every vLLM command line `launch` and `tune` make
+# (MTP, EAGLE, EAGLE3; several depths, TP sizes, per-depth limits and flags), plus lines it must
+# refuse. A separate environment: vllm goes in without its GPU kernels (deploy/vllm-check/); torch
+# 2.14.0 (vllm's pin) with the CUDA libraries it needs to import, about 7 GB. No GPU, no model.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): deploy/vllm-check/requirements.txt deploy/vllm-check/requirements-nodeps.txt pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.14.0
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps vllm==0.33.0
+	$(VLLM_VENV)/bin/pip install --quiet -r deploy/vllm-check/requirements.txt
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -r deploy/vllm-check/requirements-nodeps.txt
+	$(VLLM_VENV)/bin/pip install --quiet -e .
+	@touch $(VLLM_STAMP)
+
+.PHONY: vllm-check
+vllm-check: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m specroute.tune.vllm_matrix
+
 # The dashboard's browser test drives Debian's chromium (never a downloaded browser). CI runs as
 # root on a fresh machine, so `make test` installs it there; elsewhere without root the test skips.
 .PHONY: browser dashboard-screenshot

@@ -77,7 +77,7 @@ class _Section(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 class BackendConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One SGLang server. `max_in_flight` overrides the limit derived from its capacity.
+    """One SGLang or vLLM server. `max_in_flight` overrides the limit derived from its capacity.
 
     With `resolve_every_s`, the url's host is a DNS name (a Kubernetes headless Service):
     every address it resolves to is a backend, and the name is resolved again on that interval.
@@ -95,6 +95,12 @@ class BackendConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
         None
     )
     """Resolve the url's host again this often; every address it gives is a backend."""
+    engine: Literal["auto", "sglang", "vllm"] = "auto"
+    """The server's engine; "auto": SGLang if /server_info says so, vLLM if /metrics does."""
+    steps: Annotated[int, msgspec.Meta(ge=0, le=16, examples=[3])] | None = None
+    """Its depth where the engine does not report it (vLLM's `num_speculative_tokens`)."""
+    capacity: Annotated[int, msgspec.Meta(ge=1, examples=[256])] | None = None
+    """Its batch limit where the engine does not report it (vLLM's `--max-num-seqs`)."""
 
     def __post_init__(self) -> None:
         check_url(self.url, "backend")

@@ -13,13 +13,23 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-__all__ = ["CONTENT_TYPE", "SGLANG_PREFIXES", "exposition", "read_samples", "sglang_values"]
+__all__ = [
+    "CONTENT_TYPE",
+    "SGLANG_PREFIXES",
+    "VLLM_PREFIX",
+    "exposition",
+    "read_samples",
+    "sglang_values",
+    "vllm_values",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """What `generate_latest` writes and SGLang serves (newer prometheus_client releases point
 `CONTENT_TYPE_LATEST` at format 1.0.0, so it is spelled out here)."""
 SGLANG_PREFIXES = ("sglang:", "sglang_")
 """SGLang's metric prefix; releases before the colon used an underscore."""
+VLLM_PREFIX = "vllm:"
+"""vLLM's metric prefix (vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py)."""
 
 
 class _Exposed:
@@ -70,6 +80,21 @@ def sglang_values(text: str, names: Collection[str]) -> dict[str, list[float]] |
     out: dict[str, list[float]] = {}
     for sample in samples:
         name = sample.name[len("sglang:") :]
+        if name in names and math.isfinite(sample.value):
+            out.setdefault(name, []).append(float(sample.value))
+    return out
+
+
+def vllm_values(text: str, names: Collection[str]) -> dict[str, list[float]] | None:
+    """vLLM's finite values of `names` (sample names without `vllm:`, counters with `_total`:
+    `spec_decode_num_drafts_total`), one per label set; None when those samples do not parse."""
+    starts = tuple(VLLM_PREFIX + name for name in names)
+    samples = read_samples("\n".join(ln for ln in text.splitlines() if ln.startswith(starts)))
+    if samples is None:
+        return None
+    out: dict[str, list[float]] = {}
+    for sample in samples:
+        name = sample.name[len(VLLM_PREFIX) :]
         if name in names and math.isfinite(sample.value):
             out.setdefault(name, []).append(float(sample.value))
     return out

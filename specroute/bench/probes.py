@@ -1,5 +1,6 @@
 """What the bench asks a server besides completions: its model, `/server_info`, and the
-Prometheus counters that give the accept length as deltas over a run (`sglang:` or `sglang_`).
+Prometheus counters that give the accept length as deltas over a run (`sglang:` or `sglang_`;
+vLLM's `vllm:spec_decode_*` counters, vllm/v1/spec_decode/metrics.py, where SGLang's are absent).
 """
 
 from __future__ import annotations
@@ -9,24 +10,33 @@ from typing import Any
 import msgspec
 
 from specroute.bench.client import BenchClient
-from specroute.prometheus import sglang_values
+from specroute.prometheus import sglang_values, vllm_values
 
 __all__ = ["Counters", "ServerFacts", "fetch_counters", "fetch_facts", "parse_counters"]
 
 _GENERATION = "generation_tokens_total"
 _VERIFY = "spec_verify_calls_total"
+_VLLM_GENERATION = "generation_tokens_total"
+_VLLM_DRAFTS = "spec_decode_num_drafts_total"
+_VLLM_ACCEPTED = "spec_decode_num_accepted_tokens_total"
 
 
 class Counters(msgspec.Struct, frozen=True):
-    """SGLang's lifetime token and verify counters (summed over label sets)."""
+    """Lifetime token and verify counters (summed over label sets): SGLang's, or vLLM's with
+    its drafts as the verifies and its accepted draft tokens."""
 
     generation_tokens: float
     verify_calls: float
+    accepted_drafts: float | None = None
 
     def accept_length_since(self, before: Counters) -> float | None:
+        """SGLang: tokens per verify; vLLM: 1 + accepted / drafts (its own formula)."""
         verifies = self.verify_calls - before.verify_calls
-        tokens = self.generation_tokens - before.generation_tokens
-        return tokens / verifies if verifies > 0 else None
+        if verifies <= 0:
+            return None
+        if self.accepted_drafts is not None and before.accepted_drafts is not None:
+            return 1.0 + (self.accepted_drafts - before.accepted_drafts) / verifies
+        return (self.generation_tokens - before.generation_tokens) / verifies
 
 
 class ServerFacts(msgspec.Struct, kw_only=True):
@@ -41,12 +51,25 @@ class ServerFacts(msgspec.Struct, kw_only=True):
 
 
 def parse_counters(text: str) -> Counters | None:
-    """Sum `generation_tokens_total` and `spec_verify_calls_total` over their label sets; None
-    when the server reports neither (or its text does not parse)."""
+    """Sum `generation_tokens_total` and `spec_verify_calls_total` over their label sets (else
+    vLLM's generation tokens, drafts and accepted tokens); None when the server reports none
+    (or its text does not parse)."""
     values = sglang_values(text, (_GENERATION, _VERIFY)) or {}
     if _GENERATION not in values and _VERIFY not in values:
-        return None
+        return _vllm_counters(text)
     return Counters(sum(values.get(_GENERATION, ())), sum(values.get(_VERIFY, ())))
+
+
+def _vllm_counters(text: str) -> Counters | None:
+    values = vllm_values(text, (_VLLM_GENERATION, _VLLM_DRAFTS, _VLLM_ACCEPTED)) or {}
+    if _VLLM_GENERATION not in values and _VLLM_DRAFTS not in values:
+        return None
+    accepted = values.get(_VLLM_ACCEPTED)
+    return Counters(
+        sum(values.get(_VLLM_GENERATION, ())),
+        sum(values.get(_VLLM_DRAFTS, ())),
+        None if accepted is None else sum(accepted),
+    )
 
 
 async def fetch_counters(client: BenchClient, url: str) -> Counters | None:

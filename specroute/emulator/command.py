@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable
 from types import FrameType
@@ -14,7 +15,12 @@ import uvicorn
 from specroute.cmdline import Subcommands
 from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.faults import EXIT_STATUS
-from specroute.emulator.options import SGLANG_PORT, SPEC_ALGORITHMS, EmulatorOptions
+from specroute.emulator.options import (
+    SGLANG_PORT,
+    SPEC_ALGORITHMS,
+    VLLM_DEFAULT_MAX_NUM_SEQS,
+    EmulatorOptions,
+)
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
@@ -29,7 +35,8 @@ DESCRIPTION = (
     "profile decides how long each batch iteration takes and how many draft tokens each "
     "request accepts; the text is deterministic filler, one word per token. It answers the "
     "OpenAI routes, /generate, /server_info, /metrics and the rest as SGLang does, so proxies, "
-    "benchmarks and SGLang's own client can be tested on a laptop."
+    "benchmarks and SGLang's own client can be tested on a laptop. With --engine vllm it speaks "
+    "vLLM's dialect instead (vLLM's routes, vllm: metrics, its stream chunks and errors)."
 )
 GRACEFUL_SHUTDOWN_SECONDS = 3
 
@@ -63,15 +70,20 @@ def register(subparsers: Subcommands) -> None:
 def _server_flags(group: argparse._ArgumentGroup) -> None:
     add = group.add_argument
     add("--steps", type=int, required=True, default=argparse.SUPPRESS,
-        help="--speculative-num-steps; 0 runs without speculation")
+        help="--speculative-num-steps (vLLM: num_speculative_tokens); 0 runs without speculation")
+    add("--engine", choices=("sglang", "vllm"), default="sglang",
+        help="the dialect: SGLang 0.5.23's, or vLLM's OpenAI server (same physics)")
+    add("--num-speculative-tokens-per-batch-size", type=json.loads, default=None, metavar="JSON",
+        help="with --engine vllm: vLLM's dynamic K table, [[first, last, K], ...] batch sizes")
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=SGLANG_PORT, help="SGLang's default port")
     add("--fd", type=int, default=None, metavar="N",
         help="listen on inherited socket N, bound by the parent to --host:--port (tests do so, "
         "so that no other process can take the port first)")
-    add("--max-running-requests", type=int, default=None,
+    add("--max-running-requests", "--max-num-seqs", type=int, default=None,
         help="a cap: the server runs at most this and what memory holds at its deepest depth "
-        f"(default: SGLang's {SPECULATIVE_DEFAULT_MAX_RUNNING} for a speculative server)")
+        f"(default: SGLang's {SPECULATIVE_DEFAULT_MAX_RUNNING} for a speculative server; "
+        f"vLLM's {VLLM_DEFAULT_MAX_NUM_SEQS} with --engine vllm)")
     add("--model-name", default=None, help="served model name (default: the profile's model)")
     add("--speculative-algorithm", choices=SPEC_ALGORITHMS, default=None,
         help="default NEXTN when --steps > 0 (reported as EAGLE, as SGLang does)")
@@ -149,12 +161,14 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error(str(exc))  # exits with status 2
     from specroute.children import inherited_socket
     from specroute.emulator.server import build
+    from specroute.emulator.vllm_server import build_vllm
 
     configure_logging()
-    app, emulator = build(options)
+    app, emulator = build_vllm(options) if options.engine == "vllm" else build(options)
     log.info(
         "emulator_starting",
-        note="EMULATED SGLang server: no GPU, no model",
+        note="EMULATED server: no GPU, no model",
+        engine=options.engine,
         url=f"http://{options.host}:{options.port}",
         model=options.served_model_name,
         profile=options.profile,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig, AdaptiveSteps
@@ -69,6 +70,8 @@ class Iteration:
     prefilled: int
     accepted_drafts: int
     verifies: int
+    accepted_per_pos: tuple[int, ...] = ()
+    """Verifies whose draft at position i (0-based) was accepted, for each i below `steps`."""
 
 
 class Engine:
@@ -87,12 +90,15 @@ class Engine:
         seed: int = 0,
         adaptive: bool = False,
         adaptive_config: AdaptiveConfig = DEFAULT_ADAPTIVE_CONFIG,
+        schedule: Callable[[int], int] | None = None,
     ) -> None:
+        """`schedule`: a depth per batch size at most `steps` (vLLM's dynamic K table)."""
         if steps < 0:
             raise ValueError("steps must be 0 (no speculation) or more")
         self.profile = profile
         self.steps = steps
         self.adaptive = AdaptiveSteps(steps, adaptive_config) if adaptive else None
+        self.schedule = schedule
         self.deepest_steps = adaptive_config.max_steps if adaptive else steps
         """The depth memory is sized for: an adaptive server's deepest candidate."""
         self.memory_capacity = profile.capacity(self.deepest_steps)
@@ -114,6 +120,8 @@ class Engine:
     @property
     def active_steps(self) -> int:
         """The depth the next iteration uses (adaptive: its batch's tier decides)."""
+        if self.schedule is not None:
+            return self.schedule(len(self.running))
         return self.adaptive.steps_for(len(self.running)) if self.adaptive else self.steps
 
     def submit(
@@ -174,12 +182,15 @@ class Engine:
         self.clock += duration
         emissions: list[Emission] = []
         accepted_total = 0
+        per_pos = [0] * steps
         for seq in joined:
             seq.first_token_at = self.clock
             emissions.append(self._emit(seq, 1))
         for seq in decoding:
             accepted = self._draft_and_verify(seq, steps)
             accepted_total += accepted
+            for position in range(accepted):
+                per_pos[position] += 1
             emissions.append(self._emit(seq, accepted + 1))
         if self.adaptive and decoding:
             self.adaptive.observe(len(decoding), accepted_total / len(decoding))
@@ -192,6 +203,7 @@ class Engine:
             prefilled=len(joined),
             accepted_drafts=accepted_total,
             verifies=len(decoding) if steps > 0 else 0,
+            accepted_per_pos=tuple(per_pos),
         )
 
     def _admit(self) -> list[Req]:

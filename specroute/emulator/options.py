@@ -12,8 +12,9 @@ from specroute.emulator.adaptive import (
     check_initial_steps,
 )
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.emulator.vllm_schedule import DynamicSchedule
 
-__all__ = ["SGLANG_PORT", "SPEC_ALGORITHMS", "EmulatorOptions"]
+__all__ = ["SGLANG_PORT", "SPEC_ALGORITHMS", "VLLM_DEFAULT_MAX_NUM_SEQS", "EmulatorOptions"]
 
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 """Algorithms the emulator accepts; NEXTN resolves to EAGLE, as in SGLang."""
@@ -24,6 +25,8 @@ Count = Annotated[int, msgspec.Meta(ge=1)]
 
 SGLANG_PORT = 30000
 """SGLang's default `--port`."""
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+"""vLLM's `--max-num-seqs` default for its OpenAI server (vllm/engine/arg_utils.py)."""
 
 
 class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -57,12 +60,22 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     stall_after_tokens: Count | None = None
     not_ready_for: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
     malformed_sse_rate: Share = 0.0
+    engine: Literal["sglang", "vllm"] = "sglang"
+    """The dialect it speaks: SGLang's, or vLLM's (`emulator.vllm_server`); one physics."""
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    """vLLM's dynamic K table: (first batch size, last batch size, K) ranges (`vllm_schedule`)."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; choose one of {sorted(PROFILES)}")
         if self.steps == 0 and self.speculative_algorithm is not None:
             raise ValueError("--speculative-algorithm needs --steps 1 or more")
+        if self.num_speculative_tokens_per_batch_size is not None:
+            if self.engine != "vllm":
+                raise ValueError("--num-speculative-tokens-per-batch-size needs --engine vllm")
+            DynamicSchedule(self.num_speculative_tokens_per_batch_size, self.steps)  # checks it
+        if self.engine == "vllm" and (self.speculative_adaptive or self.speculative_algorithm):
+            raise ValueError("--engine vllm takes --steps only (num_speculative_tokens)")
         if self.speculative_adaptive:
             if self.steps == 0:
                 raise ValueError("--speculative-adaptive needs --steps 1 or more")

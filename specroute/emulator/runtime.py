@@ -48,6 +48,7 @@ log = structlog.get_logger()
 FAILED = "Internal server error: emulated failure (--fail-rate)"
 NOT_JSON = "Unsupported Media Type: Only 'application/json' is allowed"
 CLIENT_GONE = 499
+_NOTE = "EMULATED server: no GPU, no model"
 
 
 def json_response(body: Any, status: int = 200) -> Response[bytes]:
@@ -70,7 +71,17 @@ def _usage_flags(options: StreamOptions | None) -> dict[str, bool]:
 class Emulator:
     """The runtime objects of one emulated server, shared by its route handlers."""
 
-    def __init__(self, options: EmulatorOptions) -> None:
+    def __init__(
+        self,
+        options: EmulatorOptions,
+        *,
+        stats: Callable[..., Stats] = Stats,
+        responder: Callable[..., Responder] = Responder,
+        schedule: Callable[[int], int] | None = None,
+    ) -> None:
+        """`stats` and `responder` build the dialect's metrics and replies (SGLang's unless an
+        app of another dialect, `vllm_server`, passes its own); `schedule` is a depth per batch
+        size (vLLM's dynamic K table)."""
         profile = get_profile(options.profile)
         speculative = options.algorithm is not None
         self.options = options
@@ -85,8 +96,9 @@ class Emulator:
             seed=options.seed,
             adaptive=options.speculative_adaptive,
             adaptive_config=options.adaptive_config,
+            schedule=schedule,
         )
-        self.stats = Stats(
+        self.stats = stats(
             model_name=self.served,
             speculative=speculative,
             decode_log_interval=options.decode_log_interval,
@@ -95,7 +107,7 @@ class Emulator:
         )
         self.driver = Driver(self.engine, self.stats, time_scale=options.time_scale)
         self.faults = Faults(options)
-        self.responder = Responder(self.driver, self.faults, speculative=speculative)
+        self.responder = responder(self.driver, self.faults, speculative=speculative)
         self.startup = StartupPlan.of(options.startup_seconds, options.time_scale)
         self.warmed = self.startup.instant
         """False until SGLang's warm-up request has run: `/health` and `/ready` answer 503."""
@@ -110,7 +122,7 @@ class Emulator:
         self.startup_time = time.time()
         warmup = None if self.warmed else asyncio.create_task(self._warm_up(), name="warm-up")
         if warmup is None:
-            log.info("emulator_ready", note="EMULATED SGLang server: no GPU, no model")
+            log.info("emulator_ready", note=_NOTE, engine=self.options.engine)
         try:
             yield
         finally:
@@ -136,7 +148,7 @@ class Emulator:
         finally:
             self.driver.release(job)
         self.warmed = True
-        log.info("emulator_ready", note="EMULATED SGLang server: no GPU, no model")
+        log.info("emulator_ready", note=_NOTE, engine=self.options.engine)
 
     def begin_shutdown(self) -> None:
         """Safe from a signal handler: end every open response on the loop's next turn."""

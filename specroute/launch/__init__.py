@@ -1,5 +1,6 @@
-"""The SGLang launcher: a pure plan (one server per speculative depth, the proxy in front), the
-supervisor that keeps each process running, and SGLang's own check of every command line.
+"""The launcher: a pure plan (one SGLang or vLLM server per speculative depth, the proxy in
+front), the supervisor that keeps each process running, and each engine's own check of every
+command line (`sglang_check`; `vllm_check`, run by `make vllm-check`).
 
 `specroute launch` (`specroute.launch.command`) runs it; `python -m specroute.launch.sglang_check`
 and `python -m specroute.launch.sglang_matrix` are the checks' entry points.
@@ -17,6 +18,7 @@ from specroute.launch.argv import (
     parse_gpus,
     parse_steps,
     sglang_server_args,
+    vllm_args,
 )
 from specroute.launch.launcher import (
     Launcher,
@@ -46,4 +48,5 @@ __all__ = [
     "parse_steps",
     "sglang_server_args",
     "validate_with_sglang",
+    "vllm_args",
 ]

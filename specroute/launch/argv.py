@@ -1,4 +1,4 @@
-"""The launcher's plan: one SGLang (or emulated) server per speculative depth, each with its
+"""The launcher's plan: one SGLang, vLLM (or emulated) server per speculative depth, each with its
 command line, environment, port and GPUs, and the proxy in front. Pure: no processes, no I/O."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from specroute.cmdline import UsageError, parse_ints
+from specroute.launch.vllm_argv import VLLM_READY_PATH, VllmServer, vllm_server_args
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "parse_steps",
     "server_argv",
     "sglang_server_args",
+    "vllm_args",
 ]
 
 ALGORITHMS = ("NEXTN", "EAGLE", "EAGLE3")
@@ -74,6 +76,10 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     proxy_env: dict[str, str] = {}
     prior: str | None = None
     emulate: bool = False
+    engine: Literal["sglang", "vllm"] = "sglang"
+    """The servers' engine (`vllm_argv` writes vLLM's lines; emulated, its dialect)."""
+    vllm_args: tuple[str, ...] = ()
+    vllm_args_by_depth: dict[Depth, tuple[str, ...]] = {}
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -86,6 +92,7 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             ("--max-running-requests", self.max_running_by_depth),
             ("--sglang-arg", self.sglang_args_by_depth),
             ("--emulator-arg", self.emulator_args_by_depth),
+            ("--vllm-arg", self.vllm_args_by_depth),
         ):
             stray = sorted(set(given) - set(self.steps))
             if stray:
@@ -99,6 +106,8 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         """The extra flags for the server at depth `steps`: every server's, then its own."""
         if self.emulate:
             return [*self.emulator_args, *self.emulator_args_by_depth.get(steps, ())]
+        if self.engine == "vllm":
+            return [*self.vllm_args, *self.vllm_args_by_depth.get(steps, ())]
         return [*self.sglang_args, *self.sglang_args_by_depth.get(steps, ())]
 
 
@@ -113,6 +122,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     gpus: tuple[int, ...] = ()
     secrets: tuple[str, ...] = ()
     """Variables of `env` whose values `shell()` hides (keys: logs and --dry-run show it)."""
+    ready_path: str = "/ready"
+    """What answers 200 once it serves (a vLLM server's /health; SGLang's and ours /ready)."""
 
     def shell(self) -> str:
         """The command as one line a shell would run, environment first, secrets hidden."""
@@ -218,25 +229,45 @@ def _server(options: LaunchOptions, index: int, steps: int, gpus: tuple[int, ...
     argv = server_argv(options, steps, port)
     env = {} if options.emulate else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     url = f"http://{_connect_host(options.host)}:{port}"
-    return ProcessPlan(name=name, argv=tuple(argv), env=env, url=url, steps=steps, gpus=gpus)
+    ready = VLLM_READY_PATH if options.engine == "vllm" else "/ready"
+    return ProcessPlan(
+        name=name, argv=tuple(argv), env=env, url=url, steps=steps, gpus=gpus, ready_path=ready
+    )
 
 
 def server_argv(
     options: LaunchOptions, steps: int, port: int, adaptive: Sequence[str] = ()
 ) -> list[str]:
-    """One server's command line at `steps` (an emulator's with `--emulate`, else SGLang's),
-    with `adaptive` flags added: the launcher and the reconfiguration both build it here."""
+    """One server's command line at `steps` (an emulator's with `--emulate`, else SGLang's or
+    vLLM's), with `adaptive` flags added: the launcher and the reconfiguration both build it
+    here (vLLM has no adaptive flags: `adaptive` must be empty for it)."""
+    if not options.emulate and options.engine == "vllm":
+        if adaptive:
+            raise PlanError("vLLM has no adaptive depth flags; use fixed depths")
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main", *vllm_args(options, steps, port)]
     if not options.emulate:
         argv = [sys.executable, "-m", "sglang.launch_server"]
         return [*argv, *sglang_server_args(options, steps, port), *adaptive]
     argv = [sys.executable, "-m", "specroute", "emulate", "--steps", str(steps)]
     argv += ["--host", options.host, "--port", str(port)]
     argv += ["--max-running-requests", str(options.running_limit(steps))]
-    if steps > 0:
+    if options.engine == "vllm":
+        argv += ["--engine", "vllm"]
+    elif steps > 0:
         argv += ["--speculative-algorithm", options.algorithm]
     if options.model != EMULATED_MODEL:
         argv += ["--model-name", options.model]
     return [*argv, *adaptive, *options.extra_args(steps)]
+
+
+def vllm_args(options: LaunchOptions, steps: int, port: int) -> list[str]:
+    """vLLM's `serve` arguments for the server at depth `steps` (`vllm_argv`)."""
+    server = VllmServer(
+        model=options.model, host=options.host, port=port, tp=options.tp, steps=steps,
+        algorithm=options.algorithm, draft_model=options.draft_model,
+        max_num_seqs=options.running_limit(steps),
+    )  # fmt: skip
+    return vllm_server_args(server, options.extra_args(steps))
 
 
 def _connect_host(host: str) -> str:

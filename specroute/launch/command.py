@@ -238,7 +238,11 @@ def _sglang_verdict(
     """SGLang's rejections, or None when the check does not apply or cannot run here."""
     from specroute.launch.sglang_check import sglang_installed
 
-    if (args.emulate if emulated is None else emulated) or args.no_sglang_check:
+    if (
+        (args.emulate if emulated is None else emulated)
+        or args.engine == "vllm"
+        or args.no_sglang_check
+    ):
         return None
     if not sglang_installed():
         return None
@@ -287,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(format_plan(plan))
         if verdicts is not None:
             print("# every server's command line was accepted by SGLang's resolver")
+        elif args.engine == "vllm" and not args.emulate:
+            print("# not checked here: `make vllm-check` runs vLLM's own parser on such lines")
         elif not args.emulate:
             print("# not checked by SGLang (the sglang package is not installed here)")
         return 0

@@ -50,6 +50,12 @@ def add_server_arguments(parser: argparse.ArgumentParser, *, base_port_help: str
         "(K: as for --sglang-arg)")
     add("--emulate", action="store_true",
         help="run emulated servers (`specroute emulate`) instead of SGLang: no GPU needed")
+    add("--engine", choices=("sglang", "vllm"), default=_DEFAULTS.engine,
+        help="the servers' engine: SGLang (`sglang.launch_server`) or vLLM (`vllm serve "
+        "--speculative-config ...`); with --emulate, the dialect the emulator speaks")
+    add("--vllm-arg", action="append", default=[], metavar="[K:]ARG",
+        help="extra vLLM flag with --engine vllm, e.g. --vllm-arg=--gpu-memory-utilization=0.85 "
+        "(K: as for --sglang-arg)")
     add("--no-sglang-check", action="store_true",
         help="skip checking the command lines with SGLang's resolver")
 # fmt: on
@@ -66,6 +72,7 @@ def server_options(
     every, by_depth = parse_per_depth_counts(args.max_running_requests, "--max-running-requests")
     sglang_args, sglang_by_depth = parse_per_depth_args(args.sglang_arg)
     emulator_args, emulator_by_depth = parse_per_depth_args(args.emulator_arg)
+    vllm_args, vllm_by_depth = parse_per_depth_args(args.vllm_arg)
     return LaunchOptions(
         model=model,
         steps=steps if steps is not None else parse_steps(args.steps),
@@ -82,6 +89,9 @@ def server_options(
         emulator_args=emulator_args,
         emulator_args_by_depth=emulator_by_depth,
         emulate=args.emulate,
+        engine=args.engine,
+        vllm_args=vllm_args,
+        vllm_args_by_depth=vllm_by_depth,
         **proxy,
     )
 

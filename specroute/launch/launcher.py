@@ -160,7 +160,7 @@ class Launcher:
     async def start(self) -> None:
         for server in self.servers:
             await server.start()
-        await self._wait_ready(self.servers, "/ready")
+        await self._wait_ready(self.servers)
         if self._stop.is_set():
             return
         await self.proxy.start()
@@ -170,8 +170,9 @@ class Launcher:
         await self.proxy.stop(self.settings.drain_s)
         await asyncio.gather(*(s.stop(self.settings.drain_s) for s in self.servers))
 
-    async def _wait_ready(self, children: Sequence[Supervised], path: str) -> None:
-        """Wait until every child answers `path`, saying which are still loading; return early
+    async def _wait_ready(self, children: Sequence[Supervised], path: str | None = None) -> None:
+        """Wait until every child answers `path` (unset: its plan's `ready_path`, which differs
+        between SGLang and vLLM), saying which are still loading; return early
         when asked to stop. No early exit on a crash: the supervisor restarts the child."""
         started = time.monotonic()
         pending = {c.plan.name: c for c in children}
@@ -204,10 +205,10 @@ class Launcher:
                 task.cancel()
 
     async def _ready(
-        self, child: Supervised, path: str, pending: dict[str, Supervised], started: float
+        self, child: Supervised, path: str | None, pending: dict[str, Supervised], started: float
     ) -> None:
         await wait_ready(
-            child.plan.url + path,
+            child.plan.url + (path or child.plan.ready_path),
             within=self.settings.ready_timeout_s,
             poll_s=self.settings.poll_s,
             name=child.plan.name,

@@ -13,7 +13,7 @@ import msgspec
 import structlog
 
 from specroute.children import ChildExited, NotReady, wait_ready
-from specroute.launch.argv import LaunchOptions, LaunchPlan
+from specroute.launch.argv import LaunchOptions, LaunchPlan, PlanError
 from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
 from specroute.launch.launcher import Launcher, validate_with_sglang
 from specroute.launch.sglang_check import sglang_installed
@@ -43,13 +43,16 @@ class ServerRestarts:
         self.launcher = launcher
         self.options = options
         self.actuator = actuator
-        self.check = not options.emulate and sglang_installed()
+        self.check = not options.emulate and options.engine == "sglang" and sglang_installed()
 
     async def __call__(self, name: str, setting: Setting) -> str | None:
         servers = self.launcher.servers
         i = next(j for j, s in enumerate(servers) if s.plan.name == name)
         old = servers[i]
-        plan = server_at(self.options, old.plan, setting, self._tiers_file(name, setting))
+        try:
+            plan = server_at(self.options, old.plan, setting, self._tiers_file(name, setting))
+        except PlanError as exc:  # a setting this engine cannot run (vLLM has no tiers)
+            return str(exc)
         if self.check:
             verdict = (await asyncio.to_thread(validate_with_sglang, [plan.argv]))[0]
             if verdict is not None:
@@ -61,7 +64,7 @@ class ServerRestarts:
         await child.start()
         try:
             await wait_ready(
-                plan.url + "/ready", process=child.process, within=self.launcher.settings
+                plan.url + plan.ready_path, process=child.process, within=self.launcher.settings
                 .ready_timeout_s, poll_s=self.launcher.settings.poll_s, name=name,
                 output=child.log_path,
             )  # fmt: skip

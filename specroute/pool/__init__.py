@@ -16,6 +16,7 @@ from specroute.pool.client import (
 )
 from specroute.pool.deadlines import AttemptLimits, Deadlines, attempt_limits
 from specroute.pool.eligibility import Refusal, refusal
+from specroute.pool.engines import Engine, VllmSettings, parse_vllm_metrics, vllm_settings
 from specroute.pool.estimators import StallRule
 from specroute.pool.holds import BACKEND_STATES, BackendState, Hold, Holds, HoldState
 from specroute.pool.index import RoutingIndex
@@ -39,6 +40,7 @@ __all__ = [
     "CircuitBreaker",
     "ConnectFailed",
     "Deadlines",
+    "Engine",
     "EstimatesWire",
     "Hold",
     "HoldState",
@@ -61,14 +63,17 @@ __all__ = [
     "UpstreamClient",
     "UpstreamFailure",
     "UpstreamResponse",
+    "VllmSettings",
     "attempt_limits",
     "blend_classes",
     "headroom",
     "load_profile_priors",
     "local_estimates",
     "parse_metrics",
+    "parse_vllm_metrics",
     "priors_from_profile",
     "refusal",
     "scrape_interval",
     "share_of",
+    "vllm_settings",
 ]

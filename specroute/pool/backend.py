@@ -10,6 +10,7 @@ from typing import Any
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
 from specroute.policies import BackendView
 from specroute.pool.breaker import CircuitBreaker
+from specroute.pool.engines import PROBE_PATH, STREAM_FRAMING, Engine, VllmSettings
 from specroute.pool.estimators import IterationTimeModel
 from specroute.pool.promtext import BackendMetrics
 
@@ -32,7 +33,8 @@ def _lifetime_accept_length(info: dict[str, Any]) -> float | None:
 
 
 class Backend:
-    """Mutable state of one SGLang server, owned by the pool; policies see `view()` only."""
+    """Mutable state of one SGLang or vLLM server, owned by the pool; policies see `view()`
+    only. `engine` is None until an "auto" backend was recognised."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class Backend:
         self.adaptive = False
         self.capacity: int | None = None
         self.metrics = BackendMetrics()
+        self.engine: Engine | None = None if config.engine == "auto" else config.engine
 
     # Discovery ---------------------------------------------------------------------------
     names_changed = 0
@@ -86,7 +89,40 @@ class Backend:
         self.capacity = _int_or_none(info.get("max_running_requests"))
         name = info.get("served_model_name") or info.get("model_path")
         self.model = name if isinstance(name, str) else self.model
+        self._configured_over()
         self.needs_discovery = False
+
+    def apply_vllm(self, settings: VllmSettings | None) -> None:
+        """Depth, method and capacity of a vLLM server (which has no /server_info outside its
+        developer mode): its developer-mode settings if any, the operator's configuration
+        over them; the depth otherwise follows its per-position counters (`steps`). Call after
+        `apply_models`: the model is its first card."""
+        Backend.names_changed += 1
+        self.configured_steps = settings.steps if settings else None
+        self.algorithm = settings.method if settings else None
+        self.capacity = settings.capacity if settings else None
+        self.adaptive = settings.dynamic if settings else False
+        if self.model_cards:
+            self.model = str(self.model_cards[0]["id"])
+        self._configured_over()
+        self.needs_discovery = False
+
+    def _configured_over(self) -> None:
+        """The operator's `steps` and `capacity`, where set, over what the server said."""
+        if self.config.steps is not None:
+            self.configured_steps = self.config.steps
+        if self.config.capacity is not None:
+            self.capacity = self.config.capacity
+
+    @property
+    def probe_path(self) -> str:
+        """Its engine's cheap readiness check (SGLang's until the engine is known)."""
+        return PROBE_PATH[self.engine or "sglang"]
+
+    @property
+    def stream_framing(self) -> int:
+        """Events of a chat stream that are not decode iterations, on its engine."""
+        return STREAM_FRAMING[self.engine or "sglang"]
 
     def apply_models(self, body: dict[str, Any]) -> None:
         cards = body.get("data")
@@ -106,6 +142,8 @@ class Backend:
         """The active depth: an adaptive server's metrics follow its switches."""
         if self.adaptive and self.metrics.steps is not None:
             return round(self.metrics.steps)
+        if self.configured_steps is None and self.engine == "vllm":
+            return None if self.metrics.steps is None else round(self.metrics.steps)
         return self.configured_steps
 
     @property

@@ -18,6 +18,7 @@ from specroute.policies import Outcome, PoolView
 from specroute.pool.backend import Backend
 from specroute.pool.client import TimedOut, UpstreamClient, UpstreamFailure
 from specroute.pool.discovery import DnsDiscovery, static_entries
+from specroute.pool.engine_discovery import discover_vllm, recognise
 from specroute.pool.holds import BackendState, Holds
 from specroute.pool.index import RoutingIndex
 from specroute.pool.peers import Peers
@@ -189,6 +190,7 @@ class Pool:
             capacity=backend.capacity,
             scraped=backend.view().accept_length,
             acceptance=not backend.adaptive,
+            framing=backend.stream_framing,
         )
         self.index.touch(backend)
 
@@ -282,9 +284,13 @@ class Pool:
     async def _probe(self, backend: Backend) -> None:
         timed_out = False
         try:
-            status, _ = await self._get(backend, "/ready")
+            if backend.engine is None:  # unknown until one says: probed as SGLang meanwhile
+                backend.engine = await recognise(lambda path: self._get(backend, path))
+                if backend.engine is not None:
+                    log.info("backend_engine", backend=backend.name, engine=backend.engine)
+            status, _ = await self._get(backend, backend.probe_path)
             ok = status == 200
-            backend.probe_error = None if ok else status_failure(status)
+            backend.probe_error = None if ok else status_failure(status, backend.probe_path)
         except UpstreamFailure as exc:
             ok = False
             backend.probe_error = probe_failure(exc, self._config.health.timeout_s)
@@ -310,6 +316,11 @@ class Pool:
 
     async def _discover(self, backend: Backend) -> None:
         try:
+            if backend.engine == "vllm":
+                await discover_vllm(lambda path: self._get(backend, path), backend)
+                self.index.touch(backend)
+                self._log_discovered(backend)
+                return
             status, body = await self._get(backend, "/server_info")
             if status == 200:
                 backend.apply_server_info(_json.decode(body))
@@ -322,9 +333,13 @@ class Pool:
             log.warning("discovery_failed", backend=backend.name, error=str(exc))
             return
         self.index.touch(backend)
+        self._log_discovered(backend)
+
+    def _log_discovered(self, backend: Backend) -> None:
         log.info(
             "backend_discovered",
             backend=backend.name,
+            engine=backend.engine,
             model=backend.model,
             steps=backend.steps,
             algorithm=backend.algorithm,

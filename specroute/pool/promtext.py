@@ -34,6 +34,9 @@ class BackendMetrics(msgspec.Struct, kw_only=True):
     token_usage: float | None = None
     generation_tokens: float | None = None
     verify_calls: float | None = None
+    """SGLang's verify calls; vLLM's drafts (one per request per verify pass, the same count)."""
+    accepted_tokens: float | None = None
+    """vLLM's accepted draft tokens (a counter; SGLang reports a gauge of accept length)."""
 
 
 def parse_metrics(text: str) -> BackendMetrics:

@@ -17,6 +17,7 @@ from specroute.policies import BackendView
 from specroute.policies.groups import batch
 from specroute.pool.backend import Backend
 from specroute.pool.client import UpstreamClient, UpstreamFailure
+from specroute.pool.engines import parse_vllm_metrics
 from specroute.pool.index import RoutingIndex
 from specroute.pool.promtext import parse_metrics
 from specroute.tasks import cancel
@@ -147,7 +148,9 @@ class Scraper:
         answered = time.monotonic()
         self.wait_s += answered - started
         if status == 200:
-            metrics = parse_metrics(body.decode("utf-8", "replace"))
+            text = body.decode("utf-8", "replace")
+            vllm = backend.engine == "vllm"
+            metrics = parse_vllm_metrics(text, backend.metrics) if vllm else parse_metrics(text)
             backend.metrics = metrics
             self._index.scraped(backend, metrics, answered)
             self.parse_s += time.monotonic() - answered

@@ -35,8 +35,11 @@ IterationPrior = tuple[float, float]
 _SCRAPED_WEIGHT = 1.0
 
 
-def accept_sample(outcome: Outcome, scraped: float | None) -> tuple[float, float, str] | None:
-    """(accept length, verifies it stands for, source) from the best source the outcome has."""
+def accept_sample(
+    outcome: Outcome, scraped: float | None, framing: int = 3
+) -> tuple[float, float, str] | None:
+    """(accept length, verifies it stands for, source) from the best source the outcome has;
+    `framing`: the stream's events that are not decode iterations (`engines.STREAM_FRAMING`)."""
     steps, tokens = outcome.steps, outcome.completion_tokens or 0
     if not steps or outcome.status != 200 or outcome.error is not None:
         return None
@@ -46,9 +49,9 @@ def accept_sample(outcome: Outcome, scraped: float | None) -> tuple[float, float
         return (tokens - 1) / verifies, float(verifies), "spec_details"
     if verifies and tokens:
         return tokens / verifies, float(verifies), "spec_details"
-    if outcome.stream and tokens > 1 and outcome.chunks > 3:
+    if outcome.stream and tokens > 1 and outcome.chunks > framing:
         # Content chunks after the first: one per decode iteration (role and finish excluded).
-        decode_chunks = outcome.chunks - 3
+        decode_chunks = outcome.chunks - framing
         return (tokens - 1) / decode_chunks, float(decode_chunks), "chunks"
     if scraped is not None and scraped > 0:
         return scraped, _SCRAPED_WEIGHT, "scraped"
@@ -129,13 +132,15 @@ class Telemetry:
         capacity: int | None,
         scraped: float | None = None,
         acceptance: bool = True,
+        framing: int = 3,
     ) -> None:
         """Learn from one outcome; `acceptance=False` for a backend whose depth moves during a
-        request (adaptive), where an accept length cannot be tied to one depth."""
+        request (adaptive), where an accept length cannot be tied to one depth; `framing` as
+        in `accept_sample`."""
         klass = outcome.workload_class
         if outcome.status == 200 and outcome.error is None and outcome.completion_tokens:
             self.lengths.observe(klass, outcome.completion_tokens)
-        sample = accept_sample(outcome, scraped) if acceptance else None
+        sample = accept_sample(outcome, scraped, framing) if acceptance else None
         if sample is not None and outcome.steps:
             length, verifies, source = sample
             self.acceptance.observe(

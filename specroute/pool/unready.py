@@ -1,5 +1,6 @@
-"""Why a backend's /ready check failed, in a few words for the log and for a 503's message:
-connection refused, a name that does not resolve, no answer in time, or the status it gave."""
+"""Why a backend's /ready (vLLM: /health) check failed, in a few words for the log and for a
+503's message: connection refused, a name that does not resolve, no answer in time, or the
+status it gave."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def probe_failure(exc: UpstreamFailure, timeout_s: float) -> str:
     return str(exc) or type(exc).__name__
 
 
-def status_failure(status: int) -> str:
-    """A reply that is not 200: SGLang answers 503 while it loads or is overloaded."""
-    return f"/ready answered {status}"
+def status_failure(status: int, path: str = "/ready") -> str:
+    """A reply that is not 200: SGLang answers 503 while it loads or is overloaded (vLLM's
+    /health too, once its engine died)."""
+    return f"{path} answered {status}"

@@ -116,6 +116,8 @@ def options_from_args(args: argparse.Namespace) -> TuneOptions:
     """The tune's options; raises PlanError or ValueError naming the flag at fault."""
 
     launch = server_options(args)
+    if args.adaptive and launch.engine == "vllm":
+        raise PlanError("--adaptive measures SGLang's adaptive mode; vLLM has none (--engine vllm)")
     traffic = traffic_kinds(
         args.temperature, max_tokens=args.max_tokens, top_p=args.top_p, ignore_eos=args.ignore_eos
     )
@@ -145,16 +147,18 @@ def _plans(options: TuneOptions) -> list[ServerPlan]:
 
 def _sglang_rejections(plans: list[ServerPlan], args: argparse.Namespace) -> list[str] | None:
     """SGLang's rejections (empty: all accepted), None when the check cannot run here."""
-    if args.emulate or args.no_sglang_check or not sglang_installed():
+    if args.emulate or args.engine == "vllm" or args.no_sglang_check or not sglang_installed():
         return None
     verdicts = validate_with_sglang([p.process.argv for p in plans])
     return [f"{p.label}: {v}" for p, v in zip(plans, verdicts, strict=True) if v]
 
 
-def _dry_run(plans: list[ServerPlan], checked: bool, emulate: bool) -> str:
+def _dry_run(plans: list[ServerPlan], checked: bool, emulate: bool, engine: str) -> str:
     lines = [f"# {p.label}: {p.process.url}\n{p.process.shell()}" for p in plans]
     if checked:
         lines.append("# every server's command line was accepted by SGLang's resolver")
+    elif engine == "vllm" and not emulate:
+        lines.append("# not checked here: `make vllm-check` runs vLLM's own parser on such lines")
     elif not emulate:
         lines.append("# not checked by SGLang (the sglang package is not installed here)")
     return "\n".join(lines) + "\n"
@@ -188,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     if rejected:
         return 2
     if args.dry_run:
-        sys.stdout.write(_dry_run(plans, rejected is not None, args.emulate))
+        sys.stdout.write(_dry_run(plans, rejected is not None, args.emulate, args.engine))
         return 0
     try:
         prompts, described = _prompts(args, args.out)

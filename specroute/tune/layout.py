@@ -143,6 +143,7 @@ def _server(options: TuneOptions, steps: int, adaptive: bool, gpus: tuple[int, .
         emulator_args_by_depth={
             k: v for k, v in launch.emulator_args_by_depth.items() if k == steps
         },
+        vllm_args_by_depth={k: v for k, v in launch.vllm_args_by_depth.items() if k == steps},
     )
     process = build_plan(one, gpus).servers[0]
     label = ADAPTIVE_LABEL if adaptive else process.name
@@ -163,6 +164,19 @@ def server_plans(options: TuneOptions, detected_gpus: tuple[int, ...] = ()) -> l
     return plans
 
 
+def _server_args(launch: LaunchOptions) -> tuple[str, ...]:
+    """The extra flags every server got: the emulator's, vLLM's or SGLang's."""
+    if launch.emulate:
+        return launch.emulator_args
+    return launch.vllm_args if launch.engine == "vllm" else launch.sglang_args
+
+
+def _server_args_by_depth(launch: LaunchOptions) -> dict[int, tuple[str, ...]]:
+    if launch.emulate:
+        return launch.emulator_args_by_depth
+    return launch.vllm_args_by_depth if launch.engine == "vllm" else launch.sglang_args_by_depth
+
+
 def measurement(options: TuneOptions, prompts: str) -> Measurement:
     """The measurement `options` make; `prompts` describes the prompts (their digest)."""
     launch = options.launch
@@ -172,11 +186,9 @@ def measurement(options: TuneOptions, prompts: str) -> Measurement:
         draft_model=launch.draft_model,
         tp=launch.tp,
         max_running_requests=launch.max_running_requests,
-        server_args=launch.emulator_args if launch.emulate else launch.sglang_args,
+        server_args=_server_args(launch),
         max_running_by_depth=launch.max_running_by_depth,
-        server_args_by_depth=(
-            launch.emulator_args_by_depth if launch.emulate else launch.sglang_args_by_depth
-        ),
+        server_args_by_depth=_server_args_by_depth(launch),
         emulate=launch.emulate,
         profile=options.profile,
         time_scale=options.time_scale,

@@ -205,7 +205,7 @@ class Tuner:
         path = self.layout.log(plan.label)
         ready = asyncio.create_task(
             wait_ready(
-                plan.process.url + "/ready",
+                plan.process.url + plan.process.ready_path,
                 process=process,
                 within=self.options.ready_timeout_s,
                 poll_s=0.25,
