@@ -45,6 +45,7 @@ LEAVES = frozenset(
         "prometheus",
         "profile_format",  # the profile file that bench and tune write and the pool reads
         "structdoc",  # field docstrings and type words for help and the example config
+        "wire",  # the admin contract (/pool, /plan, holds) that the proxy and the loop decode
     }
 )
 """Modules anyone may import: no I/O of their own, and they import only other leaves."""

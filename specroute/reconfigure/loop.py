@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgspec
@@ -18,14 +18,36 @@ import structlog
 from specroute.planner import Change, Estimates, Plan, Planner, PlannerOptions, Setting
 from specroute.reconfigure.actuator import Actuator, Mode, Record
 from specroute.reconfigure.readings import Traffic, estimates
+from specroute.wire import (
+    ChangeRecord,
+    HoldAnswer,
+    HoldChange,
+    HoldState,
+    PlanDocument,
+    PlanSummary,
+    PoolSnapshot,
+    ServerRow,
+)
 
-__all__ = ["ProxyLink", "ReconfigureOptions", "Reconfigurer", "Restart", "replicas"]
+__all__ = [
+    "Link",
+    "ProxyLink",
+    "ReconfigureOptions",
+    "Reconfigurer",
+    "Restart",
+    "Sleep",
+    "replicas",
+]
 
 log = structlog.get_logger()
-_json = msgspec.json.Decoder(dict[str, Any])
+_pool = msgspec.json.Decoder(PoolSnapshot)
+_hold = msgspec.json.Decoder(HoldAnswer)
+_encode = msgspec.json.Encoder().encode
 
 Restart = Callable[[str, Setting], Awaitable[str | None]]
 """Restart one server at a setting and wait for /ready: None when it came up, else why not."""
+Sleep = Callable[[float], Awaitable[None]]
+"""Wait this many seconds of the loop's clock (`asyncio.sleep`, or a simulator's)."""
 
 
 class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -55,6 +77,20 @@ class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         return msgspec.convert(fields, PlannerOptions, strict=False)
 
 
+class Link(Protocol):
+    """What the loop asks of a proxy: its /pool, PUT /plan, backend holds."""
+
+    async def pool(self) -> PoolSnapshot: ...
+
+    async def publish(self, document: PlanDocument) -> None: ...
+
+    async def hold(self, name: str, state: HoldState) -> HoldAnswer:
+        """Set a backend's state (draining, restarting, serving); its in-flight count back."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class ProxyLink:
     """The proxy's admin routes, with the admin key: /pool, PUT /plan, backend holds."""
 
@@ -63,20 +99,20 @@ class ProxyLink:
             base_url=url, timeout=timeout_s, headers={"authorization": f"Bearer {admin_key}"}
         )
 
-    async def pool(self) -> dict[str, Any]:
+    async def pool(self) -> PoolSnapshot:
         response = await self.client.get("/pool")
         response.raise_for_status()
-        return _json.decode(response.content)
+        return _pool.decode(response.content)
 
-    async def publish(self, document: dict[str, Any]) -> None:
-        (await self.client.put("/plan", content=msgspec.json.encode(document))).raise_for_status()
+    async def publish(self, document: PlanDocument) -> None:
+        (await self.client.put("/plan", content=_encode(document))).raise_for_status()
 
-    async def hold(self, name: str, state: str) -> dict[str, Any]:
+    async def hold(self, name: str, state: HoldState) -> HoldAnswer:
         """Set a backend's state (draining, restarting, serving); its in-flight count back."""
-        body = msgspec.json.encode({"state": state})
+        body = _encode(HoldChange(state))
         response = await self.client.put(f"/pool/backends/{name}/state", content=body)
         response.raise_for_status()
-        return _json.decode(response.content)
+        return _hold.decode(response.content)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -92,21 +128,25 @@ def replicas(settings: list[Setting]) -> dict[str, int]:
 
 
 class Reconfigurer:
-    """One planner, one actuator, and the tasks carrying out the changes it begins."""
+    """One planner, one actuator, and the tasks carrying out the changes it begins. Time is
+    the actuator's clock and `sleep`: wall time in `specroute launch`, virtual time in the
+    simulator (`benchmarks/depth_sim.py`), which runs this same loop."""
 
     def __init__(
         self,
         options: ReconfigureOptions,
-        link: ProxyLink,
+        link: Link,
         actuator: Actuator,
         restart: Restart,
         *,
         limit: Callable[[int], int],
         adaptive: tuple[Any, ...] = (),
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.options = options
         self.link = link
         self.actuator = actuator
+        self._sleep = sleep
         self.planner = Planner(options.planner_options(adaptive))
         self._restart = restart
         self._limit = limit
@@ -125,17 +165,25 @@ class Reconfigurer:
                 await self.tick()
             except (httpx.HTTPError, msgspec.DecodeError) as exc:
                 log.warning("plan_skipped", error=str(exc) or type(exc).__name__)
-            wait = max(0.0, self.options.tick_s - (clock() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+            await self._pause(stop, self.options.tick_s - (clock() - started))
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        """`seconds` of the loop's clock, or until `stop`."""
+        if seconds <= 0 or stop.is_set():
+            return
+        pause = asyncio.ensure_future(self._sleep(seconds))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((pause, stopped), return_when=asyncio.FIRST_COMPLETED)
+        for task in (pause, stopped):
+            task.cancel()
 
     async def tick(self) -> None:
         """One sample of the load; every `plan_every` samples a plan, published."""
         await self.consider(await self.link.pool())
 
-    async def consider(self, pool: dict[str, Any]) -> None:
+    async def consider(self, pool: PoolSnapshot) -> None:
         """One /pool answer: observed, and every `plan_every` answers planned on."""
         now = self.actuator.clock()
         loads, queued = self.traffic.sample(pool)
@@ -192,9 +240,9 @@ class Reconfigurer:
         deadline = clock() + self.options.drain_s
         while True:
             answer = await self.link.hold(name, "draining")
-            if int(answer.get("in_flight") or 0) == 0 or clock() >= deadline:
+            if answer.in_flight == 0 or clock() >= deadline:
                 return
-            await asyncio.sleep(min(0.2, max(0.0, deadline - clock())))
+            await self._sleep(min(0.2, max(0.0, deadline - clock())))
 
     def _log(self, record: Record) -> None:
         fields = msgspec.to_builtins(record)
@@ -210,7 +258,7 @@ class Reconfigurer:
     async def publish(self) -> None:
         await self.link.publish(self.document())
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> PlanDocument:
         """What `GET /plan` shows: the plan with its numbers, each server's state, the
         changes under way and past ones, outcome counts, and the replicas per depth wanted
         now: the current ones with the changes the plan would begin now."""
@@ -221,25 +269,30 @@ class Reconfigurer:
         for change in self.plan.start if self.plan is not None else ():
             wanted[change.server] = change.after
         servers = [
-            {"name": s.name, "setting": s.setting.label, "state": s.phase,
-             "target": None if s.target is None else s.target.label,
-             "fallback": s.fallback, "since_s": round(now - s.since, 1),
-             "startup_s": round(s.startup_s, 1)}
+            ServerRow(name=s.name, setting=s.setting.label, state=s.phase,
+                      target=None if s.target is None else s.target.label,
+                      fallback=s.fallback, since_s=round(now - s.since, 1),
+                      startup_s=round(s.startup_s, 1))
             for s in act.slots.values()
         ]  # fmt: skip
-        return {
-            "mode": act.mode,
-            "planner": "specroute launch",
-            "note": self.note,
-            "plan": None if self.plan is None else msgspec.to_builtins(self.plan),
-            "plan_age_s": None if self.plan is None else round(now - self.plan.at, 1),
-            "servers": servers,
-            "pending": [s["name"] for s in servers if s["state"] != "serving"],
-            "history": [
-                {**msgspec.to_builtins(r), "ago_s": round(now - r.at, 1)}
+        return PlanDocument(
+            mode=act.mode,
+            planner="specroute launch",
+            note=self.note,
+            plan=None if self.plan is None else summary(self.plan),
+            plan_age_s=None if self.plan is None else round(now - self.plan.at, 1),
+            servers=servers,
+            pending=[s.name for s in servers if s.state != "serving"],
+            history=[
+                ChangeRecord(**msgspec.structs.asdict(r), ago_s=round(now - r.at, 1))
                 for r in reversed(act.history)
             ],
-            "outcomes": dict(act.outcomes),
-            "replicas": replicas(list(wanted.values())),
-            "current_replicas": replicas(list(current.values())),
-        }
+            outcomes={str(k): n for k, n in act.outcomes.items()},
+            replicas=replicas(list(wanted.values())),
+            current_replicas=replicas(list(current.values())),
+        )
+
+
+def summary(plan: Plan) -> PlanSummary:
+    """The plan as `/plan` carries it (a field renamed on either side fails here)."""
+    return msgspec.convert(msgspec.to_builtins(plan), PlanSummary)
