@@ -4,8 +4,9 @@ the targets of the issue checked. One command prints the whole report for both p
     .venv/bin/python benchmarks/depth_bound.py --jobs 2
 
 Pools (`depth_sim.pools()`): `auto` (the 1/2/3 mix under `throughput`, reconfigured by the
-planner), `mix-1-2-3` (the same, never reconfigured), three servers at each fixed depth 0..7 and
-three SGLang-adaptive servers (default tiers, deepest 7; capped at 3) behind least_loaded.
+product's depth loop with `specroute launch`'s defaults: depths 0-3, no adaptive), `mix-1-2-3`
+(the same, never reconfigured), three servers at each fixed depth 0..7 and three SGLang-adaptive
+servers (default tiers, deepest 7; capped at 3) behind least_loaded.
 
 The envelope is the best sequence of the fixed, adaptive and mix pools, one per phase (by
 aggregate tok/s), as if an oracle switched configuration at phase boundaries; each switch is
@@ -39,6 +40,7 @@ from depth_sim import BIN_S, SimResult, simulate
 from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
+from specroute.logs import configure_logging
 
 PROFILES = ("seed-qwen35-122b", "costly-drafts")
 TRACES = {
@@ -60,7 +62,7 @@ SOURCES = (
     "specroute/policies/*.py", "specroute/pool/telemetry.py",
     "specroute/pool/estimators.py", "specroute/pool/prior.py", "specroute/speculation.py",
 )  # fmt: skip
-"""What a simulated run depends on; `auto` also depends on the planner."""
+"""What a simulated run depends on; `auto` also depends on the depth loop and its contract."""
 Cell = tuple[float, float, float]
 Job = tuple[str, str, str, float, int, bool]
 
@@ -77,7 +79,8 @@ def _cache_path(profile: str, trace: str, pool: str, scale: float, seed: int) ->
     """Runs are kept under results/ by a digest of everything they depend on."""
     digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}".encode())
     digest.update(TRACES[trace].read_bytes())
-    patterns = [*SOURCES, *(["specroute/planner/*.py"] if pools()[pool].planner else [])]
+    loop = ["specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py"]
+    patterns = [*SOURCES, *(loop if pools()[pool].planner else [])]
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     name = f"{profile}__{trace}__{pool.replace('<=', 'le')}__{digest.hexdigest()[:12]}.json"
@@ -308,6 +311,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
     args = parser.parse_args()
+    configure_logging("warning")  # the loop's plan lines would drown the table
     chosen = args.pool or list(pools())
     jobs = [(p, t, pool, args.scale, args.seed, args.fresh) for p in args.profile or PROFILES
             for t in args.trace or TRACES for pool in chosen]  # fmt: skip

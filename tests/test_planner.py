@@ -14,7 +14,6 @@ from specroute.planner import (
     RegimeTracker,
     ServerState,
     Setting,
-    calibrated,
     forecast,
     user_counts,
 )
@@ -322,14 +321,3 @@ def test_an_adaptive_server_sizes_memory_for_its_deepest_candidate_and_follows_i
     assert crowded.servers[0].steps == 3  # 0.875 drafts of 3 accepted: above 1 - 0.5
     hot = msgspec.structs.replace(est, classes={"m:hot": ClassEstimate(alpha=0.2)})
     assert forecast([adaptive], {"m:hot": 40}, hot).servers[0].steps == 0
-
-
-def test_depths_that_have_not_run_are_judged_as_slow_as_the_measured_ones_run() -> None:
-    # Measured depth 1 runs 20% slower than its bench prior: depth 7, never run, is taken to.
-    priors = estimates().depths
-    slow = msgspec.structs.replace(priors[1], intercept_s=0.024, per_token_s=0.00048)
-    depths = calibrated(priors, {1: slow})
-    assert depths[1] == slow
-    half = priors[7].capacity // 2
-    assert depths[7].iteration_time(half) == pytest.approx(1.2 * priors[7].iteration_time(half))
-    assert calibrated(priors, {}) == dict(priors)

@@ -1,7 +1,7 @@
 """The depth planner: which speculative depth each server should run as load shifts, and when
 a restart pays. Pure: the caller passes time, the pool's servers and the estimators."""
 
-from specroute.planner.estimates import Curve, DepthEstimate, Estimates, calibrated, fit_curve
+from specroute.planner.estimates import Curve, DepthEstimate, Estimates, fit_curve
 from specroute.planner.forecast import (
     Forecast,
     Objective,
@@ -30,7 +30,6 @@ __all__ = [
     "ServerState",
     "Setting",
     "Tier",
-    "calibrated",
     "fit_curve",
     "forecast",
     "user_counts",
