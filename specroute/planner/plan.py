@@ -29,10 +29,12 @@ ServerPhase = Literal["serving", "draining", "starting"]
 
 
 class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """objective and floor_tok_s: as the `throughput` policy's. A change must gain `min_gain`
-    (a fraction of the objective) and its gain over the regime's expected rest must exceed
-    `margin` times the objective lost while it restarts. `adaptive`: SGLang adaptive
-    configurations (tiers) that may be assigned besides the fixed depths 0..max_steps."""
+    """objective and floor_tok_s: as the `throughput` policy's. A change commits the pool for
+    its restarts plus `min_dwell_s`; over that horizon, under the regimes the pool has seen
+    (the current one for as long as it is expected to last), it must gain `min_gain` (a
+    fraction of the objective) and exceed `margin` times the objective lost while it restarts.
+    `adaptive`: SGLang adaptive configurations (tiers) that may be assigned besides the fixed
+    depths 0..max_steps."""
 
     objective: Objective = "throughput"
     floor_tok_s: float = 0.0
@@ -114,9 +116,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     gain: float = 0.0
     """Proposed minus current objective (tok/s; mean tok/s per user for `latency`)."""
     gain_tokens: float = 0.0
-    """The gain over the regime's expected rest once the restarts are done (the objective's
-    unit times seconds: tokens for `throughput` and `goodput`)."""
+    """The gain over the horizon once the restarts are done (the objective's unit times
+    seconds: tokens for `throughput` and `goodput`), under the load the pool has seen."""
     restart_cost_tokens: float = 0.0
+    horizon_s: float = 0.0
+    """What a change commits the pool to: its restarts plus the dwell."""
+    bar: float = 0.0
+    """The gain a change had to promise, as a fraction of the objective (regret raises it)."""
     changes: tuple[Change, ...] = ()
     """Every change the proposal needs."""
     start: tuple[Change, ...] = ()
@@ -126,7 +132,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
     settings: tuple[Setting, ...]
     forecast: Forecast
+    """At the current regime."""
     changes: tuple[Change, ...]
+    gain: float
+    """Over the horizon's loads, per second."""
     gain_tokens: float
     cost: float
 
@@ -175,13 +184,19 @@ class Planner:
             self._proposal = None
             return Plan(at=now, verdict="hold: regime not settled", reason=why, regime=regime,
                         current=now_fc)  # fmt: skip
-        best, gaining = self._search(servers, users, phys, now_fc, regime)
+        horizon = self.horizon(servers)
+        loads = self._loads(now, horizon, users)
+        best, gaining = self._search(servers, users, phys, now_fc, regime, loads)
         standing = self._confirm(now, best)
+        if best is not None:
+            best = self._gainful_first(servers, best, loads, phys)
         shown = best or gaining
+        bar = self.bar
         if shown is None:
             return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
-                        current=now_fc, reason=f"no assignment gains {o.min_gain:.0%}")  # fmt: skip
-        reason = _numbers(now_fc, shown, regime)
+                        current=now_fc, horizon_s=horizon, bar=bar,
+                        reason=f"no assignment gains {bar:.0%} over {horizon:.0f}s")  # fmt: skip
+        reason = _numbers(now_fc, shown, regime, horizon, len(loads))
         start: tuple[Change, ...] = ()
         if best is None:
             verdict = "hold: does not pay"
@@ -192,10 +207,41 @@ class Planner:
             verdict = "reconfigure" if start else f"hold: {blocked}"
         return Plan(
             at=now, verdict=verdict, reason=reason, regime=regime, current=now_fc,
-            proposed=shown.forecast, gain=shown.forecast.value - now_fc.value,
-            gain_tokens=shown.gain_tokens, restart_cost_tokens=shown.cost,
-            changes=shown.changes, start=start,
+            proposed=shown.forecast, gain=shown.gain, gain_tokens=shown.gain_tokens,
+            restart_cost_tokens=shown.cost, horizon_s=horizon, bar=bar, changes=shown.changes,
+            start=start,
         )  # fmt: skip
+
+    @property
+    def bar(self) -> float:
+        """The gain a change must promise, as a fraction of the objective."""
+        return self.options.min_gain
+
+    def horizon(self, servers: Sequence[ServerState]) -> float:
+        """What a change commits the pool to: its restart (drain and start-up), then the dwell."""
+        o = self.options
+        return max((s.startup_s for s in servers), default=0.0) + o.drain_s + o.min_dwell_s
+
+    def _loads(
+        self, now: float, horizon_s: float, users: Mapping[str, int]
+    ) -> list[tuple[float, dict[str, int]]]:
+        """(weight, users per class) of each load the horizon is expected to hold; the same
+        users seen twice are one load. Weights may sum to less than 1: what no regime seen
+        tells is credited no gain."""
+        merged: dict[tuple[tuple[str, int], ...], float] = {}
+        for weight, past in self.regimes.mixture(now, horizon_s):
+            counts = users if past.duration_s == 0 else user_counts(past.concurrency, past.shares)
+            if counts:
+                key = tuple(sorted(counts.items()))
+                merged[key] = merged.get(key, 0.0) + weight
+        return [(w, dict(k)) for k, w in merged.items()]
+
+    def _value(
+        self, settings: Sequence[Setting], loads: Sequence[tuple[float, Mapping[str, int]]],
+        phys: Physics,
+    ) -> float:  # fmt: skip
+        """The objective of `settings` over the horizon: weighted over its loads."""
+        return sum(w * self._forecast(settings, users, phys).value for w, users in loads)
 
     def _confirm(self, now: float, best: _Candidate | None) -> float:
         """How long the same target has been the paying proposal (0 when it is new)."""
@@ -218,10 +264,14 @@ class Planner:
         phys: Physics,
         now_fc: Forecast,
         regime: Regime,
+        loads: Sequence[tuple[float, Mapping[str, int]]],
     ) -> tuple[_Candidate | None, _Candidate | None]:
-        """(best paying candidate, best one that gains at all) over every multiset of settings."""
+        """(best paying candidate, best one that gains at all) over every multiset of settings,
+        each valued over the horizon's loads."""
         o = self.options
         current = tuple(s.setting for s in servers)
+        now_value = self._value(current, loads, phys)
+        unknown = max(0.0, 1.0 - sum(w for w, _ in loads)) * now_fc.value
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
@@ -234,16 +284,42 @@ class Planner:
                 continue
             if not self._escapable(settings, phys, peak):
                 continue
-            fc = self._forecast(settings, users, phys)
-            if fc.value - now_fc.value <= max(0.0, o.min_gain * now_fc.value):
+            value = self._value(settings, loads, phys)
+            if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
-            cand = self._candidate(servers, settings, fc, lost, now_fc, regime)
+            fc = self._forecast(settings, users, phys)
+            cand = self._candidate(servers, settings, fc, lost, value - now_value)
             if gaining is None or cand.rank() > gaining.rank():
                 gaining = cand
             pays = cand.gain_tokens > o.margin * cand.cost
             if pays and (best is None or cand.rank() > best.rank()):
                 best = cand
         return best, gaining
+
+    def _gainful_first(
+        self,
+        servers: Sequence[ServerState],
+        cand: _Candidate,
+        loads: Sequence[tuple[float, Mapping[str, int]]],
+        phys: Physics,
+    ) -> _Candidate:
+        """The target's changes ordered so the one bringing the most gain on its own (less its
+        cost) begins first: a change that only makes room (an idle server moved so the pool
+        stays escapable) never goes ahead of the one the target is for."""
+        if len(cand.changes) < 2:
+            return cand
+        current = [s.setting for s in servers]
+        names = [s.name for s in servers]
+        base = self._value(current, loads, phys)
+
+        def alone(change: Change) -> float:
+            moved = list(current)
+            moved[names.index(change.server)] = change.after
+            gain = self._value(moved, loads, phys) - base
+            return gain * self.options.min_dwell_s - change.cost_tokens
+
+        order = sorted(cand.changes, key=alone, reverse=True)
+        return msgspec.structs.replace(cand, changes=tuple(order))
 
     def _loss(
         self,
@@ -264,12 +340,12 @@ class Planner:
         settings: tuple[Setting, ...],
         fc: Forecast,
         lost: Sequence[float],
-        now_fc: Forecast,
-        regime: Regime,
+        gain: float,
     ) -> _Candidate:
-        """A target's changes (cheapest first), its restart cost and its gain: restarts go
-        `max_unavailable` at a time, each a drain plus a start-up, and the gain arrives as they
-        are done (counted from the mean of the rounds' ends)."""
+        """A target's changes (cheapest first), its restart cost and its gain over the horizon
+        (`gain` per second): restarts go `max_unavailable` at a time, each a drain plus a
+        start-up, and the gain arrives as they are done (counted from the mean of the rounds'
+        ends) until the dwell they commit the pool to is over."""
         o = self.options
         changes = sorted(
             (
@@ -282,12 +358,13 @@ class Planner:
         )  # fmt: skip
         restart_s = max(s.startup_s for s in servers) + o.drain_s
         rounds = math.ceil(len(changes) / o.max_unavailable)
-        useful_s = max(0.0, regime.expected_remaining_s - (rounds + 1) / 2 * restart_s)
+        useful_s = max(0.0, rounds * restart_s + o.min_dwell_s - (rounds + 1) / 2 * restart_s)
         return _Candidate(
             settings=settings,
             forecast=fc,
             changes=tuple(changes),
-            gain_tokens=(fc.value - now_fc.value) * useful_s,
+            gain=gain,
+            gain_tokens=gain * useful_s,
             cost=sum(c.cost_tokens for c in changes),
         )
 
@@ -379,9 +456,10 @@ def _assign(current: tuple[Setting, ...], combo: tuple[Setting, ...]) -> tuple[S
     return tuple(s if s is not None else next(fill) for s in kept)
 
 
-def _numbers(now_fc: Forecast, c: _Candidate, regime: Regime) -> str:
+def _numbers(now_fc: Forecast, c: _Candidate, regime: Regime, horizon: float, loads: int) -> str:
+    seen = f" and {loads - 1} other loads seen" if loads > 1 else ""
     return (
         f"{'/'.join(now_fc.settings)} {now_fc.value:.0f} -> {'/'.join(c.forecast.settings)} "
-        f"{c.forecast.value:.0f} at {regime.concurrency:.1f} users: gain {c.gain_tokens:.0f} "
-        f"over {regime.expected_remaining_s:.0f}s vs restart cost {c.cost:.0f}"
+        f"{c.forecast.value:.0f} at {regime.concurrency:.1f} users{seen}: gain "
+        f"{c.gain_tokens:.0f} over {horizon:.0f}s vs restart cost {c.cost:.0f}"
     )
