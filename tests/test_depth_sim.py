@@ -74,6 +74,12 @@ def test_a_lasting_quiet_greedy_regime_triggers_exactly_one_restart(
     before = result.window(60.0 + 60.0, restart.began)
     after = result.window(restart.ready + 10.0, 460.0)
     assert after[1] > 1.2 * before[1]
+    # The loop held the change to account: it paid, about as much as forecast.
+    (account,) = result.accounts
+    assert account.realized_gain is not None
+    assert account.realized_gain > 0.2
+    assert account.forecast_error is not None
+    assert abs(account.forecast_error) < 0.1
 
 
 def test_a_restarting_server_drains_is_away_for_its_start_up_then_serves_at_its_new_depth(

@@ -72,6 +72,8 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """...or the class mix by this much (total variation distance)."""
     window_s: float = 60.0
     """Load is averaged over this window to tell regimes apart."""
+    regret_cap: float = 0.3
+    """The most that changes which did not pay may add to `min_gain`."""
 
     def __post_init__(self) -> None:
         if self.max_unavailable < 1 or self.max_steps < 0:
@@ -113,6 +115,8 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     regime: Regime
     current: Forecast
     proposed: Forecast | None = None
+    expected: Forecast | None = None
+    """The pool once the changes begun now are done, at this regime: what they are held to."""
     gain: float = 0.0
     """Proposed minus current objective (tok/s; mean tok/s per user for `latency`)."""
     gain_tokens: float = 0.0
@@ -158,6 +162,8 @@ class Planner:
         )
         self._launched: float | None = None
         """The slots of the pool at its first plan: the peak it was sized for."""
+        self.regret = 0.0
+        """What changes that did not pay added to the bar (`account`)."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
@@ -205,17 +211,33 @@ class Planner:
         else:
             start, blocked = self._startable(now, servers, best, regime, phys)
             verdict = "reconfigure" if start else f"hold: {blocked}"
+        expected = None
+        if start:  # what the pool will run once these changes are done: held to account
+            moved = {c.server: c.after for c in start}
+            expected = self._forecast([moved.get(s.name, s.setting) for s in servers], users, phys)
         return Plan(
             at=now, verdict=verdict, reason=reason, regime=regime, current=now_fc,
-            proposed=shown.forecast, gain=shown.gain, gain_tokens=shown.gain_tokens,
-            restart_cost_tokens=shown.cost, horizon_s=horizon, bar=bar, changes=shown.changes,
-            start=start,
+            proposed=shown.forecast, expected=expected, gain=shown.gain,
+            gain_tokens=shown.gain_tokens, restart_cost_tokens=shown.cost, horizon_s=horizon,
+            bar=bar, changes=shown.changes, start=start,
         )  # fmt: skip
 
     @property
     def bar(self) -> float:
-        """The gain a change must promise, as a fraction of the objective."""
-        return self.options.min_gain
+        """The gain a change must promise, as a fraction of the objective: `min_gain`, raised
+        by `regret` while changes have not paid."""
+        return self.options.min_gain + self.regret
+
+    def account(self, realized_gain: float) -> None:
+        """A change's realized gain (its rate after over its rate before, less one, in the
+        same regime). One that fell short of `min_gain` raises the bar by `min_gain` (up to
+        `regret_cap`); one that paid lowers it by as much."""
+        o = self.options
+        step = max(o.min_gain, 0.01)
+        if realized_gain < o.min_gain:
+            self.regret = min(o.regret_cap, self.regret + step)
+        else:
+            self.regret = max(0.0, self.regret - step)
 
     def horizon(self, servers: Sequence[ServerState]) -> float:
         """What a change commits the pool to: its restart (drain and start-up), then the dwell."""

@@ -83,6 +83,7 @@ class PlanGauges:
                 if fc is not None:
                     predicted.add_metric((which,), fc.tok_s)
         yield predicted
+        yield from self._accounts(n)
         yield from self._states(n)
         done = CounterMetricFamily(
             "specroute_reconfigurations",
@@ -92,6 +93,31 @@ class PlanGauges:
         for outcome, count in sorted(n.outcomes.items()):
             done.add_metric((outcome,), count)
         yield done
+
+    def _accounts(self, n: PlanDocument) -> Iterator[Metric]:
+        """The last settled change held to account, and the bar the planner holds now."""
+        settled = [a for a in n.accounts if a.realized_tok_s is not None]
+        last = settled[-1] if settled else None
+        error = GaugeMetricFamily(
+            "specroute_plan_forecast_error_ratio",
+            "The last settled change: (forecast - realized) / realized pool tok/s.",
+        )
+        gain = GaugeMetricFamily(
+            "specroute_plan_realized_gain_ratio",
+            "The last settled change: realized pool tok/s over the rate before it, less one.",
+        )
+        if last is not None and last.forecast_error is not None:
+            error.add_metric((), last.forecast_error)
+        if last is not None and last.realized_gain is not None:
+            gain.add_metric((), last.realized_gain)
+        yield error
+        yield gain
+        yield GaugeMetricFamily(
+            "specroute_plan_bar_ratio",
+            "The gain a change must promise, as a fraction of the objective (raised while "
+            "changes do not pay).",
+            value=n.plan.bar if n.plan is not None else 0.0,
+        )
 
     def _states(self, n: PlanDocument) -> Iterator[Metric]:
         states = GaugeMetricFamily(

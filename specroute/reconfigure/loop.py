@@ -16,6 +16,7 @@ import msgspec
 import structlog
 
 from specroute.planner import Change, Estimates, Plan, Planner, PlannerOptions, Setting
+from specroute.reconfigure.accounts import Ledger
 from specroute.reconfigure.actuator import Actuator, Mode, Record
 from specroute.reconfigure.readings import Traffic, estimates
 from specroute.wire import (
@@ -151,6 +152,7 @@ class Reconfigurer:
         self._restart = restart
         self._limit = limit
         self.traffic = Traffic()
+        self.ledger = Ledger(window_s=self.planner.options.window_s)
         self.plan: Plan | None = None
         self.note = "no estimates yet: waiting for the first requests"
         self._ticks = 0
@@ -188,9 +190,11 @@ class Reconfigurer:
         now = self.actuator.clock()
         loads, queued = self.traffic.sample(pool)
         self.planner.observe(now, loads, queued)
+        self.ledger.sample(now, self.traffic.tokens)
         self._ticks += 1
         if self._ticks % self.options.plan_every:
             return
+        self._settle_accounts(now)
         est = estimates(pool, self.options.allowed_steps, self._limit)
         if est is not None:
             self._decide(now, est)
@@ -203,6 +207,7 @@ class Reconfigurer:
                      reason=plan.reason, gain_tok_s=round(plan.gain, 1))  # fmt: skip
         self.plan, self.note = plan, ""
         for change in self.actuator.admit(plan):
+            self.ledger.begin(now, change.server, plan)
             task = asyncio.create_task(self._carry_out(change), name=f"reconfigure-{change.server}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -219,6 +224,7 @@ class Reconfigurer:
         finally:
             with contextlib.suppress(httpx.HTTPError):
                 await self.link.hold(name, "serving")
+        self.ledger.done(self.actuator.clock(), name, record.outcome == "done")
         self._log(record)
         await self._publish_quietly()
 
@@ -243,6 +249,14 @@ class Reconfigurer:
             if answer.in_flight == 0 or clock() >= deadline:
                 return
             await self._sleep(min(0.2, max(0.0, deadline - clock())))
+
+    def _settle_accounts(self, now: float) -> None:
+        """Close the accounts of changes that settled; each verdict moves the planner's bar."""
+        for account in self.ledger.close(now, self.planner.regimes.view(now).started_at):
+            if account.realized_gain is not None:
+                self.planner.account(account.realized_gain)
+            log.info("change_accounted", **msgspec.structs.asdict(account),
+                     bar=round(self.planner.bar, 4))  # fmt: skip
 
     def _log(self, record: Record) -> None:
         fields = msgspec.to_builtins(record)
@@ -287,6 +301,7 @@ class Reconfigurer:
                 ChangeRecord(**msgspec.structs.asdict(r), ago_s=round(now - r.at, 1))
                 for r in reversed(act.history)
             ],
+            accounts=list(self.ledger.accounts),
             outcomes={str(k): n for k, n in act.outcomes.items()},
             replicas=replicas(list(wanted.values())),
             current_replicas=replicas(list(current.values())),

@@ -21,17 +21,23 @@ class Traffic:
     def __init__(self) -> None:
         self._seen: dict[str, int] = {}
         self.shares: dict[str, float] = {}
+        self.tokens = 0.0
+        """Tokens completed since the first sample (completions times their class's mean
+        length): the realized rate that changes are held to."""
 
     def sample(self, pool: PoolSnapshot) -> tuple[dict[str, float], float]:
         """(in flight per class, queued) from one /pool answer."""
         total = float(sum(b.load for b in pool.backends))
         weights = {}
+        first = not self._seen
         for name, est in pool.estimates.classes.items():
             fresh = est.samples - self._seen.get(name, 0)
             self._seen[name] = est.samples
             if fresh > 0:
                 weights[name] = fresh * (est.mean_tokens or 1.0)
         weight = sum(weights.values())
+        if not first:
+            self.tokens += weight
         if weight > 0:
             self.shares = {c: w / weight for c, w in weights.items()}
         queued = float(pool.waiting)

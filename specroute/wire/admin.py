@@ -221,6 +221,8 @@ class Account(_Wire):
     """(forecast - realized) / realized."""
     realized_gain: float | None = None
     """(realized - before) / before."""
+    note: str = ""
+    """Why it has no verdict (the regime changed before it settled), if it has none."""
 
 
 class PlanDocument(_Wire):
