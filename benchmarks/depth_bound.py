@@ -42,12 +42,16 @@ from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
 from specroute.logs import configure_logging
 
-PROFILES = ("seed-qwen35-122b", "costly-drafts")
+PROFILES = ("seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape")
 TRACES = {
     "depth-swing": ROOT / "scenarios" / "depth-swing.toml",
     "policy-eval": ROOT / "scenarios" / "policy-eval.toml",
     "depth-diurnal": ROOT / "scenarios" / "depth-diurnal.toml",
     "depth-night-burst": ROOT / "scenarios" / "depth-night-burst.toml",
+    "depth-quiet-3": ROOT / "scenarios" / "depth-quiet-3.toml",
+    "depth-flap": ROOT / "scenarios" / "depth-flap.toml",
+    "depth-ramp": ROOT / "scenarios" / "depth-ramp.toml",
+    "depth-temperature-swing": ROOT / "scenarios" / "depth-temperature-swing.toml",
 }
 DAY_S = 86400.0
 WARM_S, SAMPLE_S = 60.0, 900.0
@@ -283,9 +287,17 @@ def _verdicts(trace: str, results: dict[str, SimResult], env: Envelope, total: f
     if len(auto.restarts) <= 24:
         steps = ", ".join(f"{r.began:.0f}s {r.server} {r.before}->{r.after}" for r in auto.restarts)
         lines.append(f"- auto's restarts: {steps or 'none'}")
-    if trace == "policy-eval":
+    if "mix-1-2-3" in results:
         m = results["mix-1-2-3"].window(0, total)[0]
-        lines.append(f"- auto vs no reconfiguration (mix-1-2-3): {agg / m - 1:+.2%}")
+        lines.append(
+            f"- auto vs the launched mix never reconfigured (mix-1-2-3): {agg / m - 1:+.2%}"
+        )
+    errors = sorted(abs(a.forecast_error) for a in auto.accounts if a.forecast_error is not None)
+    if errors:
+        lines.append(
+            f"- forecasts: median |forecast - realized| / realized {errors[len(errors) // 2]:.1%}"
+            f" over {len(errors)} settled changes"
+        )
     if trace == "policy-eval" or len(auto.phases) > 6:
         return [*lines, ""]
     for (name, start, end), (s0, s1) in zip(auto.phases, settled(auto), strict=True):
