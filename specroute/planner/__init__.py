@@ -1,6 +1,7 @@
 """The depth planner: which speculative depth each server should run as load shifts, and when
 a restart pays. Pure: the caller passes time, the pool's servers and the estimators."""
 
+from specroute.planner.decision import Change, Plan, PlannerOptions, ServerState
 from specroute.planner.estimates import Curve, DepthEstimate, Estimates, fit_curve
 from specroute.planner.forecast import (
     Forecast,
@@ -11,7 +12,7 @@ from specroute.planner.forecast import (
     forecast,
     user_counts,
 )
-from specroute.planner.plan import Change, Plan, Planner, PlannerOptions, ServerState
+from specroute.planner.plan import Planner
 from specroute.planner.regime import Regime, RegimeTracker
 
 __all__ = [
