@@ -75,7 +75,7 @@ class Planner:
             self._proposal = None
             return Plan(at=now, verdict="hold: regime not settled", reason=why, regime=regime,
                         current=now_fc)  # fmt: skip
-        horizon = self.horizon(servers)
+        horizon = self.horizon(servers, regime)
         loads = self._loads(now, horizon, users)
         best, gaining = self._search(servers, users, phys, now_fc, regime, loads)
         standing = self._confirm(now, best)
@@ -124,10 +124,13 @@ class Planner:
         else:
             self.regret = max(0.0, self.regret - step)
 
-    def horizon(self, servers: Sequence[ServerState]) -> float:
-        """What a change commits the pool to: its restart (drain and start-up), then the dwell."""
+    def horizon(self, servers: Sequence[ServerState], regime: Regime) -> float:
+        """What a change is valued over: what it commits the pool to (its restart, drain and
+        start-up, then the dwell), or the current regime's expected rest when that is longer
+        (the gain goes on while the regime does)."""
         o = self.options
-        return max((s.startup_s for s in servers), default=0.0) + o.drain_s + o.min_dwell_s
+        commit = max((s.startup_s for s in servers), default=0.0) + o.drain_s + o.min_dwell_s
+        return max(commit, regime.expected_remaining_s)
 
     def _loads(
         self, now: float, horizon_s: float, users: Mapping[str, int]
@@ -195,7 +198,7 @@ class Planner:
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
             fc = self._forecast(settings, users, phys)
-            cand = self._candidate(servers, settings, fc, lost, value - now_value)
+            cand = self._candidate(servers, settings, fc, lost, value - now_value, regime)
             if gaining is None or cand.rank() > gaining.rank():
                 gaining = cand
             pays = cand.gain_tokens > o.margin * cand.cost
@@ -248,11 +251,13 @@ class Planner:
         fc: Forecast,
         lost: Sequence[float],
         gain: float,
+        regime: Regime,
     ) -> _Candidate:
         """A target's changes (cheapest first), its restart cost and its gain over the horizon
         (`gain` per second): restarts go `max_unavailable` at a time, each a drain plus a
         start-up, and the gain arrives as they are done (counted from the mean of the rounds'
-        ends) until the dwell they commit the pool to is over."""
+        ends) until the dwell they commit the pool to is over, or the regime is expected to
+        end, whichever is later."""
         o = self.options
         changes = sorted(
             (
@@ -265,7 +270,8 @@ class Planner:
         )  # fmt: skip
         restart_s = max(s.startup_s for s in servers) + o.drain_s
         rounds = math.ceil(len(changes) / o.max_unavailable)
-        useful_s = max(0.0, rounds * restart_s + o.min_dwell_s - (rounds + 1) / 2 * restart_s)
+        span = max(rounds * restart_s + o.min_dwell_s, regime.expected_remaining_s)
+        useful_s = max(0.0, span - (rounds + 1) / 2 * restart_s)
         return _Candidate(
             settings=settings,
             forecast=fc,
