@@ -17,7 +17,7 @@ from specroute.policies import ClassEstimate
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.speculation import expected_tokens
-from specroute.wire import PlanDocument
+from specroute.wire import PlanDocument, PoolSnapshot
 
 GREEDY = "m:greedy"
 
@@ -46,6 +46,35 @@ def test_publishing_needs_the_admin_key_and_a_plan_document(emulator: Server) ->
         return keyless.status_code, bad.status_code
 
     assert asyncio.run(scenario()) == (401, 400)
+
+
+def test_the_loop_reads_the_proxys_pool_through_the_typed_contract(emulator: Server) -> None:
+    """The real proxy's `GET /pool` and a hold's answer decode as the loop's Structs, after a
+    request so that a class and an iteration fit are there to read."""
+
+    async def scenario() -> tuple[PoolSnapshot, int]:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                "temperature": 0}  # fmt: skip
+        async with (
+            proxy({"a": emulator}) as (url, _),  # type: ignore[dict-item]
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            (await client.post("/v1/chat/completions", json=body)).raise_for_status()
+            link = ProxyLink(url, ADMIN["authorization"].removeprefix("Bearer "))
+            try:
+                pool = await link.pool()
+                held = await link.hold("a", "serving")
+            finally:
+                await link.aclose()
+        return pool, held.in_flight
+
+    pool, in_flight = asyncio.run(scenario())
+    (backend,) = pool.backends
+    assert backend.name == "a"
+    assert backend.steps is not None
+    assert backend.iteration_intercept_s is not None
+    assert sum(c.samples for c in pool.estimates.classes.values()) == 1
+    assert in_flight == 0
 
 
 def _estimates() -> Estimates:
