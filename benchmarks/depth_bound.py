@@ -60,6 +60,7 @@ every phase is longer; `auto` always runs the whole trace."""
 CACHE = ROOT / "results" / "depth-sim"
 SOURCES = (
     "benchmarks/depth_sim.py", "benchmarks/depth_pools.py", "benchmarks/policy_sim.py",
+    "benchmarks/sim_proxy.py", "benchmarks/sim_results.py",
     "examples/adaptive-capped-3.json",
     "specroute/emulator/engine.py", "specroute/emulator/profiles.py",
     "specroute/emulator/adaptive.py", "specroute/emulator/adaptive_config.py",

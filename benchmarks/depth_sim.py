@@ -21,13 +21,14 @@ import asyncio
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
 from depth_pools import ROOT, PoolSpec, adaptive_configs, pools, setting_of, tune
 from policy_sim import Draw, Node, PoolSim, Req
+from sim_proxy import SimProxy, pool_snapshot
+from sim_results import BIN_S, Restart, SimResult
 
-from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.bench.workload import Sampling
 from specroute.emulator.engine import Engine, Iteration
@@ -37,19 +38,8 @@ from specroute.policies import create
 from specroute.reconfigure import Actuator, ReconfigureOptions, Reconfigurer
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
 from specroute.speculation import is_greedy
-from specroute.wire import (
-    Account,
-    BackendSnapshot,
-    ClassSnapshot,
-    HoldAnswer,
-    HoldState,
-    PlanDocument,
-    PoolEstimates,
-    PoolSnapshot,
-)
+from specroute.wire import HoldAnswer, HoldState, PoolSnapshot
 
-BIN_S = 5.0
-"""Tokens are counted in bins of this many seconds, by the time they were emitted."""
 EMIT, STEP, TIMER, PHASE, DRAIN_DEADLINE, READY, RESTART = range(7)
 Manual = tuple[float, int, Setting]
 """An operator's restart: at this time, this server (index) to this setting."""
@@ -69,72 +59,6 @@ class Slot:
     generation: int = 0
     ready: asyncio.Future[None] | None = None
     """The loop's restart waiting for this server to come up."""
-
-
-@dataclass
-class Restart:
-    server: str
-    before: str
-    after: str
-    began: float
-    ready: float | None = None
-    aborted: int = 0
-    reason: str = ""
-
-
-@dataclass
-class SimResult:
-    pool: str
-    phases: list[tuple[str, float, float]]
-    bins: list[float]
-    finished: list[tuple[float, float]]
-    """(finish time, per-request tok/s = 1 / TPOT) of every request with two tokens or more."""
-    restarts: list[Restart] = field(default_factory=list)
-    plans: dict[str, int] = field(default_factory=dict)
-    decisions: list[tuple[float, str, str, tuple[str, ...]]] = field(default_factory=list)
-    """(time, verdict, reason, the servers its changes begin) of every plan the loop made."""
-    accounts: list[Account] = field(default_factory=list)
-
-    def window(self, start: float, end: float) -> tuple[float, float, float]:
-        """(aggregate tok/s, mean and p10 per-request tok/s) over [start, end)."""
-        first, last = int(start // BIN_S), math.ceil(end / BIN_S)
-        tokens = sum(self.bins[first:last])
-        speeds = [v for t, v in self.finished if start <= t < end]
-        p10 = percentile(speeds, 10) if speeds else 0.0
-        return tokens / max(end - start, 1e-9), mean(speeds) if speeds else 0.0, p10
-
-
-class SimProxy:
-    """The proxy as the depth loop sees it (`reconfigure.Link`): `GET /pool` built from what
-    the real proxy knows (its own in-flight counts, its telemetry's fits and classes, its
-    queue), the plan document kept, and the backend holds."""
-
-    def __init__(self, sim: DepthSim) -> None:
-        self.sim = sim
-        self.document: PlanDocument | None = None
-        self.answers: list[tuple[float, PoolSnapshot]] = []
-        """Every /pool answer and when: what a replay through `specroute launch`'s link gets."""
-
-    async def pool(self) -> PoolSnapshot:
-        self.sim.calls += 1
-        answer = self.sim.snapshot()
-        self.answers.append((self.sim.now, answer))
-        return answer
-
-    async def publish(self, document: PlanDocument) -> None:
-        self.sim.calls += 1
-        self.document = document
-        plan = document.plan
-        seen = self.sim.decisions
-        if plan is not None and (not seen or seen[-1][0] != plan.at):
-            seen.append((plan.at, plan.verdict, plan.reason, tuple(c.server for c in plan.start)))
-
-    async def hold(self, name: str, state: HoldState) -> HoldAnswer:
-        self.sim.calls += 1
-        return self.sim.hold(name, state)
-
-    async def aclose(self) -> None:
-        return None
 
 
 class DepthSim(PoolSim):
@@ -240,32 +164,8 @@ class DepthSim(PoolSim):
     # -- what the proxy knows -----------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        """`GET /pool` as the real proxy would answer: per backend its own in-flight count,
-        discovered depth and capacity, and the telemetry's iteration fit; the classes learned."""
-        backends = []
-        for node, slot in zip(self.nodes, self.slots, strict=True):
-            up = slot.state != "starting"
-            steps = node.engine.active_steps if up else None
-            fit = None if steps is None else self.telemetry.iteration_model(node.name, steps)
-            cap = node.engine.max_running_requests
-            backends.append(BackendSnapshot(
-                name=node.name, url="sim", model=self.model, steps=steps, algorithm="EAGLE",
-                adaptive=node.engine.adaptive is not None, capacity=cap if up else None,
-                limit=int(cap * self.overcommit), healthy=up, in_flight=node.in_flight,
-                running=None, queued=None, accept_length=None, gen_throughput=None,
-                iteration_intercept_s=None if fit is None else fit.intercept,
-                iteration_per_token_s=None if fit is None else fit.slope,
-                iteration_samples=0 if fit is None else fit.observations,
-            ))  # fmt: skip
-        classes = {
-            name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
-                                samples=c.samples, mean_tokens=c.mean_tokens)
-            for name, c in self.telemetry.classes().items()
-        }  # fmt: skip
-        estimates = PoolEstimates(classes=classes, local_classes=classes,
-                                  prior_alpha=self.telemetry.acceptance.prior_alpha)  # fmt: skip
-        return PoolSnapshot(policy=self.policy.name, waiting=len(self.waiting), backends=backends,
-                            estimates=estimates)  # fmt: skip
+        """`GET /pool` as the real proxy would answer it (`sim_proxy.pool_snapshot`)."""
+        return pool_snapshot(self)
 
     def hold(self, name: str, state: HoldState) -> HoldAnswer:
         """`PUT /pool/backends/{name}/state`: a held backend gets no new request."""
