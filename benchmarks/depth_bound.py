@@ -4,8 +4,9 @@ the targets of the issue checked. One command prints the whole report for both p
     .venv/bin/python benchmarks/depth_bound.py --jobs 2
 
 Pools (`depth_sim.pools()`): `auto` (the 1/2/3 mix under `throughput`, reconfigured by the
-planner), `mix-1-2-3` (the same, never reconfigured), three servers at each fixed depth 0..7 and
-three SGLang-adaptive servers (default tiers, deepest 7; capped at 3) behind least_loaded.
+product's depth loop with `specroute launch`'s defaults: depths 0-3, no adaptive), `mix-1-2-3`
+(the same, never reconfigured), three servers at each fixed depth 0..7 and three SGLang-adaptive
+servers (default tiers, deepest 7; capped at 3) behind least_loaded.
 
 The envelope is the best sequence of the fixed, adaptive and mix pools, one per phase (by
 aggregate tok/s), as if an oracle switched configuration at phase boundaries; each switch is
@@ -39,13 +40,18 @@ from depth_sim import BIN_S, SimResult, simulate
 from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
+from specroute.logs import configure_logging
 
-PROFILES = ("seed-qwen35-122b", "costly-drafts")
+PROFILES = ("seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape")
 TRACES = {
     "depth-swing": ROOT / "scenarios" / "depth-swing.toml",
     "policy-eval": ROOT / "scenarios" / "policy-eval.toml",
     "depth-diurnal": ROOT / "scenarios" / "depth-diurnal.toml",
     "depth-night-burst": ROOT / "scenarios" / "depth-night-burst.toml",
+    "depth-quiet-3": ROOT / "scenarios" / "depth-quiet-3.toml",
+    "depth-flap": ROOT / "scenarios" / "depth-flap.toml",
+    "depth-ramp": ROOT / "scenarios" / "depth-ramp.toml",
+    "depth-temperature-swing": ROOT / "scenarios" / "depth-temperature-swing.toml",
 }
 DAY_S = 86400.0
 WARM_S, SAMPLE_S = 60.0, 900.0
@@ -54,13 +60,14 @@ every phase is longer; `auto` always runs the whole trace."""
 CACHE = ROOT / "results" / "depth-sim"
 SOURCES = (
     "benchmarks/depth_sim.py", "benchmarks/depth_pools.py", "benchmarks/policy_sim.py",
+    "benchmarks/sim_proxy.py", "benchmarks/sim_results.py",
     "examples/adaptive-capped-3.json",
     "specroute/emulator/engine.py", "specroute/emulator/profiles.py",
     "specroute/emulator/adaptive.py", "specroute/emulator/adaptive_config.py",
     "specroute/policies/*.py", "specroute/pool/telemetry.py",
     "specroute/pool/estimators.py", "specroute/pool/prior.py", "specroute/speculation.py",
 )  # fmt: skip
-"""What a simulated run depends on; `auto` also depends on the planner."""
+"""What a simulated run depends on; `auto` also depends on the depth loop and its contract."""
 Cell = tuple[float, float, float]
 Job = tuple[str, str, str, float, int, bool]
 
@@ -77,7 +84,8 @@ def _cache_path(profile: str, trace: str, pool: str, scale: float, seed: int) ->
     """Runs are kept under results/ by a digest of everything they depend on."""
     digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}".encode())
     digest.update(TRACES[trace].read_bytes())
-    patterns = [*SOURCES, *(["specroute/planner/*.py"] if pools()[pool].planner else [])]
+    loop = ["specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py"]
+    patterns = [*SOURCES, *(loop if pools()[pool].planner else [])]
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     name = f"{profile}__{trace}__{pool.replace('<=', 'le')}__{digest.hexdigest()[:12]}.json"
@@ -280,9 +288,17 @@ def _verdicts(trace: str, results: dict[str, SimResult], env: Envelope, total: f
     if len(auto.restarts) <= 24:
         steps = ", ".join(f"{r.began:.0f}s {r.server} {r.before}->{r.after}" for r in auto.restarts)
         lines.append(f"- auto's restarts: {steps or 'none'}")
-    if trace == "policy-eval":
+    if "mix-1-2-3" in results:
         m = results["mix-1-2-3"].window(0, total)[0]
-        lines.append(f"- auto vs no reconfiguration (mix-1-2-3): {agg / m - 1:+.2%}")
+        lines.append(
+            f"- auto vs the launched mix never reconfigured (mix-1-2-3): {agg / m - 1:+.2%}"
+        )
+    errors = sorted(abs(a.forecast_error) for a in auto.accounts if a.forecast_error is not None)
+    if errors:
+        lines.append(
+            f"- forecasts: median |forecast - realized| / realized {errors[len(errors) // 2]:.1%}"
+            f" over {len(errors)} settled changes"
+        )
     if trace == "policy-eval" or len(auto.phases) > 6:
         return [*lines, ""]
     for (name, start, end), (s0, s1) in zip(auto.phases, settled(auto), strict=True):
@@ -308,6 +324,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
     args = parser.parse_args()
+    configure_logging("warning")  # the loop's plan lines would drown the table
     chosen = args.pool or list(pools())
     jobs = [(p, t, pool, args.scale, args.seed, args.fresh) for p in args.profile or PROFILES
             for t in args.trace or TRACES for pool in chosen]  # fmt: skip

@@ -1,95 +1,69 @@
 """Depth follows load, in virtual time: `policy_sim`'s pool of emulated engines, routed by the
-real policies and reconfigured mid-trace by the planner, every restart's drain and start-up
-charged. The planner reads the proxy's `Telemetry`, never the emulator's truth.
+real policies and reconfigured mid-trace by the product's own depth loop (`Reconfigurer`:
+readings, planner, actuator, options), with a virtual clock, a simulated proxy that answers
+only what the real `/pool` answers (the typed `PoolSnapshot`), and a simulated restart.
 
     .venv/bin/python benchmarks/depth_sim.py --profile seed-qwen35-122b \\
         --trace scenarios/depth-swing.toml --pool auto --pool k2
 
-A restarting server takes no new requests, finishes those it has (up to `--drain-limit`, then
-aborts the rest, whose users send again), is away for the profile's start-up time, then serves
-at its new depth. Users are closed loops that follow the scenario's phases without a pause.
+The loop's options are `specroute launch`'s (`--allowed-steps 0,1,2,3`, no adaptive unless
+`--allow-adaptive`, `--min-dwell`, `--planner-option K=V`). A server the loop restarts is held
+draining (no new requests) until its streams end or the drain runs out, is stopped (what it
+still runs is aborted and its users send again), is away for the profile's start-up time, then
+serves at its new depth once readmitted. Users are closed loops that follow the scenario's
+phases without a pause.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgspec
-from depth_pools import MAX_STEPS, ROOT, PoolSpec, adaptive_configs, pools, setting_of, tune
+from depth_pools import ROOT, PoolSpec, adaptive_configs, pools, setting_of, tune
 from policy_sim import Draw, Node, PoolSim, Req
+from sim_proxy import SimProxy, pool_snapshot
+from sim_results import BIN_S, Restart, SimResult
 
-from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.bench.workload import Sampling
 from specroute.emulator.engine import Engine, Iteration
-from specroute.planner import (
-    DepthEstimate,
-    Estimates,
-    Planner,
-    PlannerOptions,
-    ServerState,
-    Setting,
-    calibrated,
-)
+from specroute.logs import configure_logging
+from specroute.planner import Setting
 from specroute.policies import create
-from specroute.reconfigure.options import planner_fields
+from specroute.reconfigure import Actuator, ReconfigureOptions, Reconfigurer
+from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
 from specroute.speculation import is_greedy
+from specroute.wire import HoldAnswer, HoldState, PoolSnapshot
 
-BIN_S = 5.0
-"""Tokens are counted in bins of this many seconds, by the time they were emitted."""
-EMIT, STEP, TICK, PHASE, DRAIN_DEADLINE, READY, RESTART = range(7)
+EMIT, STEP, TIMER, PHASE, DRAIN_DEADLINE, READY, RESTART = range(7)
 Manual = tuple[float, int, Setting]
 """An operator's restart: at this time, this server (index) to this setting."""
+_SETTLE_YIELDS = 8
+"""Event-loop turns without any call into the simulator after which the loop is parked."""
 
 
 @dataclass
 class Slot:
-    """A server's configuration and where it is in a restart."""
+    """A server's configuration, where it is in a restart, and the proxy's hold on it."""
 
     setting: Setting
     state: str = "serving"
+    """serving, draining (an operator's restart) or starting."""
+    hold: HoldState = "serving"
     pending: Setting | None = None
-    previous: Setting | None = None
-    changed_at: float | None = None
     generation: int = 0
-
-
-@dataclass
-class Restart:
-    server: str
-    before: str
-    after: str
-    began: float
-    ready: float | None = None
-    aborted: int = 0
-    reason: str = ""
-
-
-@dataclass
-class SimResult:
-    pool: str
-    phases: list[tuple[str, float, float]]
-    bins: list[float]
-    finished: list[tuple[float, float]]
-    """(finish time, per-request tok/s = 1 / TPOT) of every request with two tokens or more."""
-    restarts: list[Restart] = field(default_factory=list)
-    plans: dict[str, int] = field(default_factory=dict)
-
-    def window(self, start: float, end: float) -> tuple[float, float, float]:
-        """(aggregate tok/s, mean and p10 per-request tok/s) over [start, end)."""
-        first, last = int(start // BIN_S), math.ceil(end / BIN_S)
-        tokens = sum(self.bins[first:last])
-        speeds = [v for t, v in self.finished if start <= t < end]
-        p10 = percentile(speeds, 10) if speeds else 0.0
-        return tokens / max(end - start, 1e-9), mean(speeds) if speeds else 0.0, p10
+    ready: asyncio.Future[None] | None = None
+    """The loop's restart waiting for this server to come up."""
 
 
 class DepthSim(PoolSim):
-    """A pool whose servers can be restarted at another depth while the trace runs."""
+    """A pool whose servers can be restarted at another depth while the trace runs; with a
+    planner, the product's `Reconfigurer` runs beside it on the simulator's clock."""
 
     def __init__(
         self,
@@ -99,9 +73,7 @@ class DepthSim(PoolSim):
         seed: int = 0,
         startup_s: float | None = None,
         drain_limit_s: float = 120.0,
-        tick_s: float = 2.0,
-        plan_every: int = 5,
-        options: PlannerOptions | None = None,
+        reconfigure: ReconfigureOptions | None = None,
         planner: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(profile, [s.steps for s in spec.settings], create(spec.policy), seed=seed)
@@ -112,24 +84,21 @@ class DepthSim(PoolSim):
         self.nodes = [Node(f"b{i}", self._engine(s, i)) for i, s in enumerate(spec.settings)]
         self.startup_s = self.profile.startup_s if startup_s is None else startup_s
         self.drain_limit_s = drain_limit_s
-        self.tick_s = tick_s
-        self.plan_every = plan_every
-        self.ticks = 0
         priors, self.capacity = tune(self.profile)
         self.telemetry.seed(priors.items())
-        # The operator sized the launch pool for its peak: keep it reconfigurable there.
-        sized_for = sum(n.engine.max_running_requests for n in self.nodes)
-        base = options or PlannerOptions(adaptive=tuple(self.configs), peak_concurrency=sized_for)
+        options = reconfigure or ReconfigureOptions(mode="auto")
         if planner:  # `--planner-option K=V`, as `specroute launch` takes them
-            given = msgspec.convert(dict(planner), PlannerOptions, strict=False)
-            base = msgspec.structs.replace(base, **{k: getattr(given, k) for k in planner})
-        self.planner = Planner(base) if spec.planner else None
+            options = msgspec.structs.replace(options, planner={**options.planner, **planner})
+        self.options = options if spec.planner else None
+        self.proxy = SimProxy(self)
+        self.loop: Reconfigurer | None = None
+        self.calls = 0
         self.users_now = 0
         self.mix: list[Sampling] = []
         self.bins: list[float] = []
         self.finished: list[tuple[float, float]] = []
         self.restarts: list[Restart] = []
-        self.plans: dict[str, int] = {}
+        self.decisions: list[tuple[float, str, str, tuple[str, ...]]] = []
 
     def _engine(self, setting: Setting, salt: int) -> Engine:
         seed = self.seed * 1000 + salt
@@ -145,7 +114,8 @@ class DepthSim(PoolSim):
         super()._push(t, kind, node, (gen, it))  # type: ignore[arg-type]
 
     def admits(self, i: int) -> bool:
-        return self.slots[i].state == "serving" and super().admits(i)
+        slot = self.slots[i]
+        return slot.state == "serving" and slot.hold == "serving" and super().admits(i)
 
     def draw(self) -> Draw:
         weights = [s.weight for s in self.mix]
@@ -182,7 +152,7 @@ class DepthSim(PoolSim):
             self.bins.extend([0.0] * (b + 1 - len(self.bins)))
         for em in it.emissions:
             req = self.reqs.get(em.seq.rid)
-            if req is None:  # aborted by a drain deadline
+            if req is None:  # aborted when its server stopped
                 continue
             self.bins[b] += em.tokens
             if em.tokens > 0:
@@ -191,14 +161,50 @@ class DepthSim(PoolSim):
                 del self.reqs[em.seq.rid]
                 self._finish(req, em.seq.generated, em.seq.verify_ct)
 
-    # -- restarts ---------------------------------------------------------------------------
+    # -- what the proxy knows -----------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        """`GET /pool` as the real proxy would answer it (`sim_proxy.pool_snapshot`)."""
+        return pool_snapshot(self)
+
+    def hold(self, name: str, state: HoldState) -> HoldAnswer:
+        """`PUT /pool/backends/{name}/state`: a held backend gets no new request."""
+        i = self._index(name)
+        slot, node = self.slots[i], self.nodes[i]
+        slot.hold = state
+        if state == "serving":
+            self._wake()
+        return HoldAnswer(backend=name, state=state, in_flight=node.in_flight,
+                          reachable=slot.state != "starting", steps=node.engine.steps,
+                          capacity=node.engine.max_running_requests)  # fmt: skip
+
+    def _index(self, name: str) -> int:
+        return next(j for j, n in enumerate(self.nodes) if n.name == name)
+
+    # -- restarts -------------------------------------------------------------------------------
+
+    async def restart(self, name: str, setting: Setting) -> str | None:
+        """The launcher's restart: stop the server (what it still runs is aborted), start it
+        at `setting`, and wait out its start-up."""
+        self.calls += 1
+        i = self._index(name)
+        slot = self.slots[i]
+        assert self.loop is not None
+        began = self.loop.actuator.slots[name].started
+        self.restarts.append(Restart(name, slot.setting.label, setting.label, began,
+                                     reason=self.loop.actuator.slots[name].reason))  # fmt: skip
+        slot.pending = setting
+        ready = slot.ready = asyncio.get_running_loop().create_future()
+        self._abort_rest(i)
+        await ready
+        return None
 
     def begin(self, i: int, after: Setting, reason: str) -> None:
+        """An operator's restart (`--restart`), outside the loop: drain, stop, start."""
         slot = self.slots[i]
         self.restarts.append(Restart(self.nodes[i].name, slot.setting.label, after.label,
                                      self.now, reason=reason))  # fmt: skip
-        slot.state, slot.pending, slot.changed_at = "draining", after, self.now
-        slot.previous = slot.setting
+        slot.state, slot.pending = "draining", after
         if self.nodes[i].in_flight == 0:
             self._down(i)
         else:
@@ -235,58 +241,39 @@ class DepthSim(PoolSim):
             if r.server == node.name:
                 r.ready = self.now
                 break
+        if slot.ready is not None:  # the loop readmits it (`hold serving`)
+            slot.ready.set_result(None)
+            slot.ready = None
         self._wake()
 
-    # -- the planner ------------------------------------------------------------------------
+    # -- the loop's clock -----------------------------------------------------------------------
 
-    def estimates(self) -> Estimates:
-        """The planner's inputs, from the telemetry: each depth's fit where it has run (several
-        servers' fits averaged by observations), the tune's prior elsewhere, capacity per
-        depth, acceptance per class."""
-        priors, fitted = {}, {}
-        for k in range(MAX_STEPS + 1):
-            a, b = self.telemetry.priors[k]
-            priors[k] = DepthEstimate(steps=k, capacity=self.capacity[k], intercept_s=a,
-                                      per_token_s=b)  # fmt: skip
-            fits = [m for (_, d), m in self.telemetry.iteration.items() if d == k]
-            fits = [m for m in fits if m.observations]
-            if fits:
-                weight = sum(m.observations for m in fits)
-                a = sum(m.intercept * m.observations for m in fits) / weight
-                b = sum(m.slope * m.observations for m in fits) / weight
-                fitted[k] = msgspec.structs.replace(priors[k], intercept_s=a, per_token_s=b)
-        return Estimates(depths=calibrated(priors, fitted), classes=self.telemetry.classes(),
-                         prior_alpha=self.telemetry.acceptance.prior_alpha)  # fmt: skip
+    async def sleep(self, seconds: float) -> None:
+        """The loop's `sleep`: resumes when the simulator's clock reaches it."""
+        self.calls += 1
+        done = asyncio.get_running_loop().create_future()
+        self._push(self.now + max(0.0, seconds), TIMER, -1, done)
+        await done
 
-    def servers(self) -> list[ServerState]:
-        out = []
-        for slot, node in zip(self.slots, self.nodes, strict=True):
-            limit = int(node.engine.max_running_requests * self.overcommit)
-            out.append(ServerState(
-                name=node.name, setting=slot.pending or slot.setting, startup_s=self.startup_s,
-                state=slot.state, limit=limit if slot.state == "serving" else None,
-                changed_at=slot.changed_at, previous=slot.previous,
-            ))  # fmt: skip
-        return out
+    async def _settle(self) -> None:
+        """Let the loop run until it waits on the simulator again (a sleep or a restart)."""
+        quiet = 0
+        while quiet < _SETTLE_YIELDS:
+            before = self.calls
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if self.calls == before else 0
 
-    def _tick(self) -> None:
-        assert self.planner is not None
-        in_flight: dict[str, float] = {}
-        for req in self.reqs.values():
-            in_flight[req.klass] = in_flight.get(req.klass, 0.0) + 1.0
-        self.planner.observe(self.now, in_flight, queued=len(self.waiting))
-        self._push(self.now + self.tick_s, TICK, -1)
-        self.ticks += 1
-        if self.ticks % self.plan_every:
-            return
-        plan = self.planner.plan(self.now, self.servers(), self.estimates())
-        verdict = plan.verdict.split(":")[0] if plan.verdict.startswith("hold") else plan.verdict
-        self.plans[verdict] = self.plans.get(verdict, 0) + 1
-        for change in plan.start:
-            i = next(j for j, n in enumerate(self.nodes) if n.name == change.server)
-            self.begin(i, change.after, plan.reason)
+    def _start_loop(self) -> Reconfigurer:
+        assert self.options is not None
+        servers = [(n.name, s.setting, self.startup_s) for n, s in zip(self.nodes, self.slots,
+                                                                      strict=True)]  # fmt: skip
+        actuator = Actuator(self.options.mode, servers, clock=lambda: self.now)
+        adaptive = tuple(self.configs) if self.options.allow_adaptive else ()
+        return Reconfigurer(self.options, self.proxy, actuator, self.restart,
+                            limit=lambda k: self.capacity[k], adaptive=adaptive,
+                            sleep=self.sleep)  # fmt: skip
 
-    # -- the trace --------------------------------------------------------------------------
+    # -- the trace ------------------------------------------------------------------------------
 
     def _phase(self, phase_mix: list[Sampling], users: int) -> None:
         self.mix = phase_mix
@@ -298,7 +285,12 @@ class DepthSim(PoolSim):
     def run(
         self, scenario: Scenario, pool: str = "", scale: float = 1.0, manual: Sequence[Manual] = ()
     ) -> SimResult:
-        """Replay `scenario` (durations times `scale`); `manual` restarts besides the planner's."""
+        """Replay `scenario` (durations times `scale`); `manual` restarts besides the loop's."""
+        return asyncio.run(self._run(scenario, pool, scale, manual))
+
+    async def _run(
+        self, scenario: Scenario, pool: str, scale: float, manual: Sequence[Manual]
+    ) -> SimResult:
         bounds, t = [], 0.0
         for p in scenario.phases:
             if p.rate is not None:
@@ -312,13 +304,28 @@ class DepthSim(PoolSim):
             self._push(at, RESTART, -1, (server, setting))
         first = scenario.phases[0]
         self._phase(first.mix or scenario.mix, first.concurrency)
-        if self.planner is not None:
-            self._push(self.tick_s, TICK, -1)
-        self._loop(scenario, end)
+        task = None
+        if self.options is not None:
+            self.loop = self._start_loop()
+            task = asyncio.create_task(self.loop.run(asyncio.Event()))
+            await self._settle()
+        try:
+            await self._loop(scenario, end)
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, *self.loop._tasks, return_exceptions=True)  # type: ignore[union-attr]
         self.bins.extend([0.0] * (math.ceil(end / BIN_S) - len(self.bins)))
-        return SimResult(pool, bounds, self.bins, self.finished, self.restarts, self.plans)
+        plans: dict[str, int] = {}
+        for _, verdict, _, _ in self.decisions:
+            key = verdict.split(":")[0]
+            plans[key] = plans.get(key, 0) + 1
+        document = self.proxy.document
+        accounts = list(document.accounts) if document is not None else []
+        return SimResult(pool, bounds, self.bins, self.finished, self.restarts, plans,
+                         self.decisions, accounts)  # fmt: skip
 
-    def _loop(self, scenario: Scenario, end: float) -> None:
+    async def _loop(self, scenario: Scenario, end: float) -> None:
         while self.events:
             t, kind, _, idx, (gen, it) = heapq.heappop(self.events)  # type: ignore[misc]
             if t >= end:
@@ -327,8 +334,10 @@ class DepthSim(PoolSim):
             if kind == PHASE:
                 phase = scenario.phases[it]
                 self._phase(phase.mix or scenario.mix, phase.concurrency)
-            elif kind == TICK:
-                self._tick()
+            elif kind == TIMER:
+                if not it.done():
+                    it.set_result(None)
+                    await self._settle()
             elif kind == RESTART:
                 server, setting = it
                 if self.slots[server].state == "serving":
@@ -349,7 +358,10 @@ class DepthSim(PoolSim):
                 if self.slots[idx].state == "draining":
                     self._abort_rest(idx)
             elif kind == READY:
+                waited = self.slots[idx].ready is not None
                 self._ready(idx)
+                if waited:
+                    await self._settle()
 
 
 def simulate(
@@ -376,14 +388,21 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--restart", action="append", type=parse_restart, default=[],
                         metavar="T:SERVER:kK", help="a manual restart, e.g. 600:1:k7")  # fmt: skip
-    parser.add_argument("--planner-option", action="append", default=[], metavar="K=V",
-                        help="a planner setting, as `specroute launch` takes it")  # fmt: skip
+    add_planner_arguments(parser)  # --allowed-steps, --min-dwell, --planner-option: launch's
+    parser.add_argument(
+        "--allow-adaptive", action="store_true", help="the loop may choose SGLang-adaptive servers"
+    )
     args = parser.parse_args()
-    planner = planner_fields(args.planner_option)
+    configure_logging("warning")  # the loop's plan lines would drown the table
+    options = ReconfigureOptions(
+        mode="auto", allowed_steps=allowed_steps(args.allowed_steps),
+        allow_adaptive=args.allow_adaptive, min_dwell_s=args.min_dwell,
+        planner=planner_fields(args.planner_option),
+    )  # fmt: skip
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
         r = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
-                     manual=args.restart, startup_s=args.startup, planner=planner)  # fmt: skip
+                     manual=args.restart, startup_s=args.startup, reconfigure=options)  # fmt: skip
         agg, avg, p10 = r.window(0.0, r.phases[-1][2])
         cells = " ".join(f"{r.window(s, e)[0]:7.0f}" for _, s, e in r.phases)
         print(f"{pool:12} total {agg:7.0f} mean {avg:6.1f} p10 {p10:6.1f} | {cells}")

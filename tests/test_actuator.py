@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from emulator_support import parse_metrics
 
@@ -31,6 +32,7 @@ from specroute.reconfigure.advisor import Advisor
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
 from specroute.reconfigure.options import reconfigure_options
 from specroute.reconfigure.readings import Traffic, estimates
+from specroute.wire import BackendSnapshot, PoolEstimates, PoolSnapshot
 
 K1, K3 = Setting(steps=1), Setting(steps=3)
 
@@ -129,25 +131,47 @@ def test_when_the_fallback_fails_too_the_change_ends_failed() -> None:
     assert act.slots["a"].setting == K1
 
 
-def pool_answer(samples: dict[str, int], in_flight: int = 6) -> dict[str, object]:
-    return {
-        "waiting": 2,
-        "backends": [
-            {"name": "a", "steps": 1, "capacity": 26, "in_flight": in_flight,
-             "iteration_intercept_s": 0.02, "iteration_per_token_s": 0.0004,
-             "iteration_samples": 10},
-            {"name": "b", "steps": 3, "capacity": 17, "in_flight": 0,
-             "iteration_intercept_s": 0.03, "iteration_per_token_s": 0.0005,
-             "iteration_samples": 10},
-        ],
-        "estimates": {
-            "prior_alpha": 0.7,
-            "classes": {
-                c: {"alpha": 0.8, "accept_length": {"1": 1.8}, "samples": n, "mean_tokens": 100.0}
-                for c, n in samples.items()
-            },
-        },
+def backend(name: str, steps: int | None, **fields: Any) -> BackendSnapshot:
+    """One backend of a /pool answer: unknown figures null, as the proxy sends them."""
+    base: dict[str, Any] = {
+        "name": name, "url": "http://b", "model": "m", "steps": steps, "algorithm": "EAGLE",
+        "adaptive": False, "capacity": None, "limit": None, "healthy": True, "in_flight": 0,
+        "running": None, "queued": None, "accept_length": None, "gen_throughput": None,
+        "iteration_intercept_s": None, "iteration_per_token_s": None, "iteration_samples": 0,
     }  # fmt: skip
+    return msgspec.convert({**base, **fields}, BackendSnapshot)
+
+
+def pool_answer(samples: dict[str, int], in_flight: int = 6) -> PoolSnapshot:
+    fits = {"iteration_per_token_s": 0.0004, "iteration_samples": 10}
+    estimates = {
+        "prior_alpha": 0.7,
+        "local_classes": {},
+        "classes": {
+            c: {"alpha": 0.8, "accept_length": {"1": 1.8}, "samples": n, "mean_tokens": 100.0}
+            for c, n in samples.items()
+        },
+    }
+    return PoolSnapshot(
+        policy="least_loaded",
+        waiting=2,
+        backends=[
+            backend("a", 1, capacity=26, in_flight=in_flight, iteration_intercept_s=0.02, **fits),
+            backend("b", 3, capacity=17, iteration_intercept_s=0.03,
+                    **{**fits, "iteration_per_token_s": 0.0005}),
+        ],
+        estimates=msgspec.convert(estimates, PoolEstimates, strict=False),
+    )  # fmt: skip
+
+
+def test_a_pool_snapshot_decodes_from_its_own_json_and_needs_its_fields() -> None:
+    answer = pool_answer({"g": 3})
+    wire = msgspec.json.encode(answer)
+    assert msgspec.json.decode(wire, type=PoolSnapshot) == answer
+    assert b'"combined":null' in wire  # the dashboard's shape: unknown figures are null
+    renamed = wire.replace(b'"in_flight"', b'"inflight"')
+    with pytest.raises(msgspec.ValidationError, match="in_flight"):
+        msgspec.json.decode(renamed, type=PoolSnapshot)
 
 
 def test_traffic_splits_in_flight_by_recent_completions() -> None:
@@ -160,7 +184,7 @@ def test_traffic_splits_in_flight_by_recent_completions() -> None:
 
 def test_traffic_counts_every_replicas_requests_from_the_combined_load() -> None:
     answer = pool_answer({"g": 1})
-    answer["backends"][1]["combined"] = 9  # type: ignore[index]  # 9 there, none of them ours
+    answer.backends[1].combined = 9  # 9 there, none of them ours
     loads, _ = Traffic().sample(answer)
     assert sum(loads.values()) == 15.0  # this replica's 6 on "a" and every replica's 9 on "b"
 
@@ -179,8 +203,8 @@ def test_estimates_cover_every_allowed_depth_from_the_nearest_fit() -> None:
 
 def test_no_estimates_before_any_fit() -> None:
     answer = pool_answer({})
-    for b in answer["backends"]:  # type: ignore[attr-defined]
-        b["iteration_intercept_s"] = None
+    for b in answer.backends:
+        b.iteration_intercept_s = None
     assert estimates(answer, (1, 2), lambda k: 48) is None
 
 
@@ -379,13 +403,14 @@ def test_the_loop_gets_an_admin_key_the_proxy_is_given_hidden() -> None:
 
 def test_the_kubernetes_planner_follows_the_pools_healthy_backends() -> None:
     advisor = Advisor(ReconfigureOptions(), ProxyLink("http://127.0.0.1:9", "k"), startup_s=600)
-    backends = [
-        {"name": "a", "steps": 1, "healthy": True},
-        {"name": "b", "steps": 3, "healthy": True},
-        {"name": "c", "steps": None, "healthy": True},  # not discovered yet
-        {"name": "d", "steps": 2, "healthy": False},  # starting or leaving
+    pool = pool_answer({})
+    pool.backends = [
+        backend("a", 1),
+        backend("b", 3),
+        backend("c", None),  # not discovered yet
+        backend("d", 2, healthy=False),  # starting or leaving
     ]
-    advisor.follow({"backends": backends})
+    advisor.follow(pool)
     assert {n: s.setting for n, s in advisor.actuator.slots.items()} == {"a": K1, "b": K3}
     assert advisor.actuator.slots["a"].startup_s == 600
     assert advisor.actuator.admit(plan_moving("a", K1, K3)) == []  # advise: it moves nothing

@@ -1,17 +1,28 @@
-"""The virtual-time pool with restarts (`benchmarks/depth_sim.py`) on tiny traces: a clear,
-lasting change of regime triggers exactly one reconfiguration, charged its start-up; phases
-shorter than a restart trigger none."""
+"""The virtual-time pool with restarts (`benchmarks/depth_sim.py`) on tiny traces, run by the
+product's own depth loop: a clear, lasting change of regime triggers exactly one
+reconfiguration, charged its start-up; phases shorter than a restart trigger none; the loop
+given the simulator's /pool answers through `specroute launch`'s link decides alike."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+import httpx
+import msgspec
 import pytest
 
 from specroute.bench.trace import Scenario, load_scenario
+from specroute.planner import Setting
+from specroute.reconfigure import Actuator, ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.wire import PlanDocument
+
+DEEP = ReconfigureOptions(mode="auto", allowed_steps=tuple(range(8)))
+"""Depths 0-7 allowed: the 1/2/3 mix already holds launch's deepest default."""
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 GREEDY = """
@@ -52,7 +63,7 @@ def test_a_lasting_quiet_greedy_regime_triggers_exactly_one_restart(
     depth_sim: ModuleType, tmp_path: Path
 ) -> None:
     trace = scenario(tmp_path, [("busy", 8, 60.0, SAMPLED), ("quiet", 1, 400.0, GREEDY)])
-    result = depth_sim.simulate("seed-qwen35-122b", "auto", trace, startup_s=20.0)
+    result = depth_sim.simulate("seed-qwen35-122b", "auto", trace, startup_s=20.0, reconfigure=DEEP)
     assert len(result.restarts) == 1
     restart = result.restarts[0]
     assert restart.began >= 60.0 + 120.0  # the quiet regime settled first
@@ -63,6 +74,12 @@ def test_a_lasting_quiet_greedy_regime_triggers_exactly_one_restart(
     before = result.window(60.0 + 60.0, restart.began)
     after = result.window(restart.ready + 10.0, 460.0)
     assert after[1] > 1.2 * before[1]
+    # The loop held the change to account: it paid, about as much as forecast.
+    (account,) = result.accounts
+    assert account.realized_gain is not None
+    assert account.realized_gain > 0.2
+    assert account.forecast_error is not None
+    assert abs(account.forecast_error) < 0.1
 
 
 def test_a_restarting_server_drains_is_away_for_its_start_up_then_serves_at_its_new_depth(
@@ -88,7 +105,53 @@ def test_a_restarting_server_drains_is_away_for_its_start_up_then_serves_at_its_
 
 def test_phases_shorter_than_a_restart_trigger_none(depth_sim: ModuleType, tmp_path: Path) -> None:
     swings = [("quiet", 1, 90.0, GREEDY), ("busy", 16, 90.0, SAMPLED)] * 2
-    result = depth_sim.simulate("seed-qwen35-122b", "auto", scenario(tmp_path, swings))
+    result = depth_sim.simulate(
+        "seed-qwen35-122b", "auto", scenario(tmp_path, swings), reconfigure=DEEP
+    )
     assert result.restarts == []
     assert result.plans.get("reconfigure", 0) == 0
     assert sum(result.bins) > 0
+
+
+async def _replay(sim: Any, options: ReconfigureOptions) -> list[Any]:
+    """The recorded /pool answers through `specroute launch`'s loop: its `ProxyLink` (JSON over
+    HTTP, here an in-memory transport), its actuator, at the recorded times."""
+    answers = sim.proxy.answers
+    queue = iter(answers)
+    clock = [0.0]
+    published: list[Any] = []
+
+    def proxy(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            clock[0], answer = next(queue)
+            return httpx.Response(200, content=msgspec.json.encode(answer))
+        published.append(msgspec.json.decode(request.content, type=PlanDocument))
+        return httpx.Response(200, json={"status": "published"})
+
+    link = ProxyLink("http://proxy", "k")
+    link.client = httpx.AsyncClient(base_url="http://proxy", transport=httpx.MockTransport(proxy))
+    servers = [(f"b{i}", Setting(steps=k), sim.startup_s) for i, k in enumerate((1, 2, 3))]
+    loop = Reconfigurer(options, link, Actuator(options.mode, servers, clock=lambda: clock[0]),
+                        _never, limit=lambda k: sim.capacity[k])  # fmt: skip
+    for _ in answers:
+        await loop.tick()
+    await link.aclose()
+    return [(d.plan.at, d.plan.verdict, d.plan.reason, tuple(c.server for c in d.plan.start))
+            for d in published if d.plan is not None]  # fmt: skip
+
+
+async def _never(name: str, setting: Setting) -> str | None:
+    raise AssertionError("advise restarts nothing")
+
+
+def test_the_simulator_and_the_launched_loop_decide_alike_on_the_same_pool(
+    depth_sim: ModuleType, tmp_path: Path
+) -> None:
+    trace = scenario(tmp_path, [("busy", 8, 60.0, SAMPLED), ("quiet", 1, 300.0, GREEDY)])
+    advise = msgspec.structs.replace(DEEP, mode="advise")
+    sim = depth_sim.DepthSim("seed-qwen35-122b", depth_sim.pools()["auto"], reconfigure=advise)
+    result = sim.run(trace, "auto")
+    assert [v for _, v, _, _ in result.decisions].count("reconfigure") >= 1
+    assert result.restarts == []  # advise
+    replayed = asyncio.run(_replay(sim, advise))
+    assert replayed == result.decisions

@@ -7,12 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from servers import Server, run_server
 
 from specroute.planner import Change, Forecast, Plan, Regime, Setting
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.wire import PlanDocument
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -27,7 +29,7 @@ async def _no_restart(name: str, setting: Setting) -> str | None:
     return "not in this test"
 
 
-def _document() -> dict[str, object]:
+def _document() -> PlanDocument:
     """What the loop publishes mid-run: a finished change, one draining, one falling back."""
     clock = [0.0]
     act = Actuator("auto", [("steps1", K1, 30.0), ("steps2", K2, 30.0), ("steps3", K3, 30.0)],
@@ -57,7 +59,7 @@ def test_the_panel_shows_the_plan_each_servers_state_and_the_history(emulator: S
     serve = ["serve", "--backend", f"steps1={emulator.url}", "--admin-key", "panel-admin"]
     with run_server(serve) as proxy:
         document = _document()
-        answer = httpx.put(proxy.url + "/plan", json=document,
+        answer = httpx.put(proxy.url + "/plan", content=msgspec.json.encode(document),
                            headers={"authorization": "Bearer panel-admin"})  # fmt: skip
         assert answer.status_code == 200
         with playwright.sync_playwright() as p:

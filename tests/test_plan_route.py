@@ -8,6 +8,7 @@ import datetime
 from typing import Any
 
 import httpx
+import msgspec
 from emulator_support import parse_metrics
 from inprocess import ADMIN, proxy
 from servers import Server
@@ -17,6 +18,7 @@ from specroute.policies import ClassEstimate
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.speculation import expected_tokens
+from specroute.wire import PlanDocument, PoolSnapshot
 
 GREEDY = "m:greedy"
 
@@ -45,6 +47,35 @@ def test_publishing_needs_the_admin_key_and_a_plan_document(emulator: Server) ->
         return keyless.status_code, bad.status_code
 
     assert asyncio.run(scenario()) == (401, 400)
+
+
+def test_the_loop_reads_the_proxys_pool_through_the_typed_contract(emulator: Server) -> None:
+    """The real proxy's `GET /pool` and a hold's answer decode as the loop's Structs, after a
+    request so that a class and an iteration fit are there to read."""
+
+    async def scenario() -> tuple[PoolSnapshot, int]:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                "temperature": 0}  # fmt: skip
+        async with (
+            proxy({"a": emulator}) as (url, _),  # type: ignore[dict-item]
+            httpx.AsyncClient(base_url=url, timeout=30) as client,
+        ):
+            (await client.post("/v1/chat/completions", json=body)).raise_for_status()
+            link = ProxyLink(url, ADMIN["authorization"].removeprefix("Bearer "))
+            try:
+                pool = await link.pool()
+                held = await link.hold("a", "serving")
+            finally:
+                await link.aclose()
+        return pool, held.in_flight
+
+    pool, in_flight = asyncio.run(scenario())
+    (backend,) = pool.backends
+    assert backend.name == "a"
+    assert backend.steps is not None
+    assert backend.iteration_intercept_s is not None
+    assert sum(c.samples for c in pool.estimates.classes.values()) == 1
+    assert in_flight == 0
 
 
 def _estimates() -> Estimates:
@@ -103,7 +134,7 @@ def test_advise_publishes_a_paying_change_and_changes_nothing(emulator: Server) 
     assert plan["plan"]["start"]
     assert [s["state"] for s in plan["servers"]] == ["serving", "serving"]
     assert [s["setting"] for s in plan["servers"]] == ["k1", "k1"]
-    assert plan["history"] == []
+    assert msgspec.convert(plan, PlanDocument).history == []  # an empty list is left out
     assert restarts == []
     assert hold is None
     # Kubernetes reads the wanted replicas per depth; the current ones stay apart.
@@ -128,7 +159,7 @@ def test_the_kubernetes_planner_publishes_to_every_address_of_the_replicas_name(
             port = one.rsplit(":", 1)[1]
             # "localhost" stands in for the headless Service: here it names only the first.
             link = FanoutLink(two, "admin-key", f"localhost:{port}")
-            await link.publish({"mode": "advise", "planner": "test", "replicas": {"2": 3}})
+            await link.publish(PlanDocument(mode="advise", planner="test", replicas={"2": 3}))
             await link.aclose()
             async with httpx.AsyncClient() as client:
                 return [(await client.get(url + "/plan")).json() for url in (one, two)]

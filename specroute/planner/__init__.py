@@ -1,7 +1,14 @@
 """The depth planner: which speculative depth each server should run as load shifts, and when
 a restart pays. Pure: the caller passes time, the pool's servers and the estimators."""
 
-from specroute.planner.estimates import DepthEstimate, Estimates, calibrated
+from specroute.planner.decision import (
+    DEFAULT_DWELL_S,
+    Change,
+    Plan,
+    PlannerOptions,
+    ServerState,
+)
+from specroute.planner.estimates import DepthEstimate, Estimates
 from specroute.planner.forecast import (
     Forecast,
     Objective,
@@ -11,14 +18,7 @@ from specroute.planner.forecast import (
     forecast,
     user_counts,
 )
-from specroute.planner.plan import (
-    DEFAULT_DWELL_S,
-    Change,
-    Plan,
-    Planner,
-    PlannerOptions,
-    ServerState,
-)
+from specroute.planner.plan import Planner
 from specroute.planner.regime import Regime, RegimeTracker
 
 __all__ = [
@@ -37,7 +37,6 @@ __all__ = [
     "ServerState",
     "Setting",
     "Tier",
-    "calibrated",
     "forecast",
     "user_counts",
 ]

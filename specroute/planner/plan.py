@@ -7,130 +7,24 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Literal
 
 import msgspec
 
+from specroute.planner.decision import Change, Plan, PlannerOptions, ServerState
 from specroute.planner.estimates import Estimates
-from specroute.planner.forecast import (
-    Forecast,
-    Objective,
-    Physics,
-    Setting,
-    Tier,
-    forecast,
-    user_counts,
-)
+from specroute.planner.forecast import Forecast, Physics, Setting, forecast, user_counts
 from specroute.planner.regime import Regime, RegimeTracker
 
-__all__ = ["DEFAULT_DWELL_S", "Change", "Plan", "Planner", "PlannerOptions", "ServerState"]
-
-ServerPhase = Literal["serving", "draining", "starting"]
-
-
-DEFAULT_DWELL_S = 900.0
-"""Least time between two depth changes of one server, unless the operator says otherwise."""
-
-
-class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """objective and floor_tok_s: as the `throughput` policy's. A change must gain `min_gain`
-    (a fraction of the objective) and its gain over the regime's expected rest must exceed
-    `margin` times the objective lost while it restarts. `adaptive`: SGLang adaptive
-    configurations (tiers) that may be assigned besides the fixed depths 0..max_steps."""
-
-    objective: Objective = "throughput"
-    floor_tok_s: float = 0.0
-    max_steps: int = 7
-    """Deepest fixed depth assigned (the draft head's own limit, or memory's)."""
-    adaptive: tuple[tuple[Tier, ...], ...] = ()
-    margin: float = 1.5
-    min_gain: float = 0.03
-    """Hysteresis: a proposal gaining less than this fraction of the objective is no change."""
-    min_dwell_s: float = DEFAULT_DWELL_S
-    """Least time between two changes of one server."""
-    max_unavailable: int = 1
-    """Servers draining or starting at once, at most."""
-    settle_s: float = 120.0
-    """A regime younger than this is not acted on (longer than a restart takes)."""
-    confirm_s: float = 30.0
-    """A proposal must stand this long, plan after plan, before its first restart: the
-    estimators' noise (acceptance follows the last few thousand verifies) does not restart."""
-    drain_s: float = 30.0
-    """Expected drain time before a restart, counted before the gain arrives."""
-    overcommit: float = 2.0
-    """A server's admission limit as a multiple of its capacity, when it did not say."""
-    peak_concurrency: float | None = None
-    """Load the pool must stay reconfigurable under: a pool all deep would be stuck there,
-    since no server could restart while the others hold that load. None: the slots of the
-    pool as the planner first saw it (what the operator launched, sized for the peak) or the
-    highest load seen, whichever is more."""
-    regime_prior_s: float = 1800.0
-    """The operator's prior for how long a load regime lasts, before any has been seen."""
-    regime_prior_weight: float = 1.0
-    """How many seen regimes the prior counts as."""
-    band: float = 1.5
-    """A regime ends when concurrency moves by this ratio..."""
-    mix_shift: float = 0.25
-    """...or the class mix by this much (total variation distance)."""
-    window_s: float = 60.0
-    """Load is averaged over this window to tell regimes apart."""
-
-    def __post_init__(self) -> None:
-        if self.max_unavailable < 1 or self.max_steps < 0:
-            raise ValueError("max_unavailable must be >= 1 and max_steps >= 0")
-        if self.margin < 0 or self.min_gain < 0 or self.band <= 1:
-            raise ValueError("margin and min_gain must be >= 0, band > 1")
-
-
-class ServerState(msgspec.Struct, frozen=True, kw_only=True):
-    """One server as the actuator reports it. A server draining or starting carries the
-    setting it is restarting into; `changed_at` is when its depth last changed."""
-
-    name: str
-    setting: Setting
-    startup_s: float
-    state: ServerPhase = "serving"
-    limit: int | None = None
-    """Its admission limit (None: `overcommit` x its capacity at its setting)."""
-    changed_at: float | None = None
-    previous: Setting | None = None
-    """Its setting before that change: it is not changed back within the same regime."""
-
-
-class Change(msgspec.Struct, frozen=True, kw_only=True):
-    server: str
-    before: Setting
-    after: Setting
-    cost_tokens: float
-    """Objective lost while it drains and restarts (its tok/s less what the others absorb)."""
-
-
-class Plan(msgspec.Struct, frozen=True, kw_only=True):
-    """What the planner compared and decided; rendered as JSON for `GET /plan`."""
-
-    at: float
-    verdict: str
-    """`reconfigure` or `hold: <why>`."""
-    reason: str
-    regime: Regime
-    current: Forecast
-    proposed: Forecast | None = None
-    gain: float = 0.0
-    """Proposed minus current objective (tok/s; mean tok/s per user for `latency`)."""
-    gain_tokens: float = 0.0
-    """The gain over the regime's expected rest once the restarts are done (the objective's
-    unit times seconds: tokens for `throughput` and `goodput`)."""
-    restart_cost_tokens: float = 0.0
-    changes: tuple[Change, ...] = ()
-    """Every change the proposal needs."""
-    start: tuple[Change, ...] = ()
-    """The changes to begin now."""
+__all__ = ["Planner"]
 
 
 class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
     settings: tuple[Setting, ...]
     forecast: Forecast
+    """At the current regime."""
     changes: tuple[Change, ...]
+    gain: float
+    """Over the horizon's loads, per second."""
     gain_tokens: float
     cost: float
 
@@ -153,6 +47,8 @@ class Planner:
         )
         self._launched: float | None = None
         """The slots of the pool at its first plan: the peak it was sized for."""
+        self.regret = 0.0
+        """What changes that did not pay added to the bar (`account`)."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
@@ -179,13 +75,19 @@ class Planner:
             self._proposal = None
             return Plan(at=now, verdict="hold: regime not settled", reason=why, regime=regime,
                         current=now_fc)  # fmt: skip
-        best, gaining = self._search(servers, users, phys, now_fc, regime)
+        horizon = self.horizon(servers, regime)
+        loads = self._loads(now, horizon, users)
+        best, gaining = self._search(servers, users, phys, now_fc, regime, loads)
         standing = self._confirm(now, best)
+        if best is not None:
+            best = self._gainful_first(servers, best, loads, phys)
         shown = best or gaining
+        bar = self.bar
         if shown is None:
             return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
-                        current=now_fc, reason=f"no assignment gains {o.min_gain:.0%}")  # fmt: skip
-        reason = _numbers(now_fc, shown, regime)
+                        current=now_fc, horizon_s=horizon, bar=bar,
+                        reason=f"no assignment gains {bar:.0%} over {horizon:.0f}s")  # fmt: skip
+        reason = _numbers(now_fc, shown, regime, horizon, len(loads))
         start: tuple[Change, ...] = ()
         if best is None:
             verdict = "hold: does not pay"
@@ -194,12 +96,62 @@ class Planner:
         else:
             start, blocked = self._startable(now, servers, best, regime, phys)
             verdict = "reconfigure" if start else f"hold: {blocked}"
+        expected = None
+        if start:  # what the pool will run once these changes are done: held to account
+            moved = {c.server: c.after for c in start}
+            expected = self._forecast([moved.get(s.name, s.setting) for s in servers], users, phys)
         return Plan(
             at=now, verdict=verdict, reason=reason, regime=regime, current=now_fc,
-            proposed=shown.forecast, gain=shown.forecast.value - now_fc.value,
-            gain_tokens=shown.gain_tokens, restart_cost_tokens=shown.cost,
-            changes=shown.changes, start=start,
+            proposed=shown.forecast, expected=expected, gain=shown.gain,
+            gain_tokens=shown.gain_tokens, restart_cost_tokens=shown.cost, horizon_s=horizon,
+            bar=bar, changes=shown.changes, start=start,
         )  # fmt: skip
+
+    @property
+    def bar(self) -> float:
+        """The gain a change must promise, as a fraction of the objective: `min_gain`, raised
+        by `regret` while changes have not paid."""
+        return self.options.min_gain + self.regret
+
+    def account(self, realized_gain: float) -> None:
+        """A change's realized gain (its rate after over its rate before, less one, in the
+        same regime). One that fell short of `min_gain` raises the bar by `min_gain` (up to
+        `regret_cap`); one that paid lowers it by as much."""
+        o = self.options
+        step = max(o.min_gain, 0.01)
+        if realized_gain < o.min_gain:
+            self.regret = min(o.regret_cap, self.regret + step)
+        else:
+            self.regret = max(0.0, self.regret - step)
+
+    def horizon(self, servers: Sequence[ServerState], regime: Regime) -> float:
+        """What a change is valued over: what it commits the pool to (its restart, drain and
+        start-up, then the dwell), or the current regime's expected rest when that is longer
+        (the gain goes on while the regime does)."""
+        o = self.options
+        commit = max((s.startup_s for s in servers), default=0.0) + o.drain_s + o.min_dwell_s
+        return max(commit, regime.expected_remaining_s)
+
+    def _loads(
+        self, now: float, horizon_s: float, users: Mapping[str, int]
+    ) -> list[tuple[float, dict[str, int]]]:
+        """(weight, users per class) of each load the horizon is expected to hold; the same
+        users seen twice are one load. Weights may sum to less than 1: what no regime seen
+        tells is credited no gain."""
+        merged: dict[tuple[tuple[str, int], ...], float] = {}
+        for weight, past in self.regimes.mixture(now, horizon_s):
+            counts = users if past.duration_s == 0 else user_counts(past.concurrency, past.shares)
+            if counts:
+                key = tuple(sorted(counts.items()))
+                merged[key] = merged.get(key, 0.0) + weight
+        return [(w, dict(k)) for k, w in merged.items()]
+
+    def _value(
+        self, settings: Sequence[Setting], loads: Sequence[tuple[float, Mapping[str, int]]],
+        phys: Physics,
+    ) -> float:  # fmt: skip
+        """The objective of `settings` over the horizon: weighted over its loads."""
+        return sum(w * self._forecast(settings, users, phys).value for w, users in loads)
 
     def _confirm(self, now: float, best: _Candidate | None) -> float:
         """How long the same target has been the paying proposal (0 when it is new)."""
@@ -222,10 +174,14 @@ class Planner:
         phys: Physics,
         now_fc: Forecast,
         regime: Regime,
+        loads: Sequence[tuple[float, Mapping[str, int]]],
     ) -> tuple[_Candidate | None, _Candidate | None]:
-        """(best paying candidate, best one that gains at all) over every multiset of settings."""
+        """(best paying candidate, best one that gains at all) over every multiset of settings,
+        each valued over the horizon's loads."""
         o = self.options
         current = tuple(s.setting for s in servers)
+        now_value = self._value(current, loads, phys)
+        unknown = max(0.0, 1.0 - sum(w for w, _ in loads)) * now_fc.value
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
@@ -238,16 +194,42 @@ class Planner:
                 continue
             if not self._escapable(settings, phys, peak):
                 continue
-            fc = self._forecast(settings, users, phys)
-            if fc.value - now_fc.value <= max(0.0, o.min_gain * now_fc.value):
+            value = self._value(settings, loads, phys)
+            if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
-            cand = self._candidate(servers, settings, fc, lost, now_fc, regime)
+            fc = self._forecast(settings, users, phys)
+            cand = self._candidate(servers, settings, fc, lost, value - now_value, regime)
             if gaining is None or cand.rank() > gaining.rank():
                 gaining = cand
             pays = cand.gain_tokens > o.margin * cand.cost
             if pays and (best is None or cand.rank() > best.rank()):
                 best = cand
         return best, gaining
+
+    def _gainful_first(
+        self,
+        servers: Sequence[ServerState],
+        cand: _Candidate,
+        loads: Sequence[tuple[float, Mapping[str, int]]],
+        phys: Physics,
+    ) -> _Candidate:
+        """The target's changes ordered so the one bringing the most gain on its own (less its
+        cost) begins first: a change that only makes room (an idle server moved so the pool
+        stays escapable) never goes ahead of the one the target is for."""
+        if len(cand.changes) < 2:
+            return cand
+        current = [s.setting for s in servers]
+        names = [s.name for s in servers]
+        base = self._value(current, loads, phys)
+
+        def alone(change: Change) -> float:
+            moved = list(current)
+            moved[names.index(change.server)] = change.after
+            gain = self._value(moved, loads, phys) - base
+            return gain * self.options.min_dwell_s - change.cost_tokens
+
+        order = sorted(cand.changes, key=alone, reverse=True)
+        return msgspec.structs.replace(cand, changes=tuple(order))
 
     def _loss(
         self,
@@ -268,12 +250,14 @@ class Planner:
         settings: tuple[Setting, ...],
         fc: Forecast,
         lost: Sequence[float],
-        now_fc: Forecast,
+        gain: float,
         regime: Regime,
     ) -> _Candidate:
-        """A target's changes (cheapest first), its restart cost and its gain: restarts go
-        `max_unavailable` at a time, each a drain plus a start-up, and the gain arrives as they
-        are done (counted from the mean of the rounds' ends)."""
+        """A target's changes (cheapest first), its restart cost and its gain over the horizon
+        (`gain` per second): restarts go `max_unavailable` at a time, each a drain plus a
+        start-up, and the gain arrives as they are done (counted from the mean of the rounds'
+        ends) until the dwell they commit the pool to is over, or the regime is expected to
+        end, whichever is later."""
         o = self.options
         changes = sorted(
             (
@@ -286,12 +270,14 @@ class Planner:
         )  # fmt: skip
         restart_s = max(s.startup_s for s in servers) + o.drain_s
         rounds = math.ceil(len(changes) / o.max_unavailable)
-        useful_s = max(0.0, regime.expected_remaining_s - (rounds + 1) / 2 * restart_s)
+        span = max(rounds * restart_s + o.min_dwell_s, regime.expected_remaining_s)
+        useful_s = max(0.0, span - (rounds + 1) / 2 * restart_s)
         return _Candidate(
             settings=settings,
             forecast=fc,
             changes=tuple(changes),
-            gain_tokens=(fc.value - now_fc.value) * useful_s,
+            gain=gain,
+            gain_tokens=gain * useful_s,
             cost=sum(c.cost_tokens for c in changes),
         )
 
@@ -383,9 +369,10 @@ def _assign(current: tuple[Setting, ...], combo: tuple[Setting, ...]) -> tuple[S
     return tuple(s if s is not None else next(fill) for s in kept)
 
 
-def _numbers(now_fc: Forecast, c: _Candidate, regime: Regime) -> str:
+def _numbers(now_fc: Forecast, c: _Candidate, regime: Regime, horizon: float, loads: int) -> str:
+    seen = f" and {loads - 1} other loads seen" if loads > 1 else ""
     return (
         f"{'/'.join(now_fc.settings)} {now_fc.value:.0f} -> {'/'.join(c.forecast.settings)} "
-        f"{c.forecast.value:.0f} at {regime.concurrency:.1f} users: gain {c.gain_tokens:.0f} "
-        f"over {regime.expected_remaining_s:.0f}s vs restart cost {c.cost:.0f}"
+        f"{c.forecast.value:.0f} at {regime.concurrency:.1f} users{seen}: gain "
+        f"{c.gain_tokens:.0f} over {horizon:.0f}s vs restart cost {c.cost:.0f}"
     )

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-__all__ = ["Regime", "RegimeTracker"]
+__all__ = ["Past", "Regime", "RegimeTracker"]
 
 _SMALL = 2.0
 """Added to concurrency before comparing levels, so 1 -> 2 users is not a new regime."""
@@ -27,6 +27,14 @@ class Regime(msgspec.Struct, frozen=True, kw_only=True):
     peak_concurrency: float
     steady: bool
     """Load is not moving: the band has not moved for a window and the latest sample lies in it."""
+
+
+class Past(msgspec.Struct, frozen=True, kw_only=True):
+    """A regime that ended: how long it lasted, its load and its class mix."""
+
+    duration_s: float
+    concurrency: float
+    shares: dict[str, float]
 
 
 class RegimeTracker:
@@ -53,6 +61,8 @@ class RegimeTracker:
         self.prior_s = prior_s
         self.prior_weight = prior_weight
         self.durations: deque[float] = deque(maxlen=history)
+        self.past: deque[Past] = deque(maxlen=history)
+        """The regimes that ended, latest last: the load the pool has actually seen."""
         self.level = 0.0
         self.shares: dict[str, float] = {}
         self.peak = 0.0
@@ -75,6 +85,8 @@ class RegimeTracker:
         if self._left():
             if now - self._moved >= self.window_s:
                 self.durations.append(now - self._start)
+                self.past.append(Past(duration_s=now - self._start, concurrency=self._ref_level,
+                                      shares=dict(self._ref_shares)))  # fmt: skip
                 self._start = now
             self._moved = now
             self._ref_level, self._ref_shares = self.level, dict(self.shares)
@@ -112,6 +124,24 @@ class RegimeTracker:
         return (self.prior_weight * self.prior_s + sum(residuals)) / (
             self.prior_weight + len(residuals)
         )
+
+    def mixture(self, now: float, horizon_s: float) -> list[tuple[float, Past]]:
+        """The load over the next `horizon_s`, as weights on regimes: the current one for as
+        long as it is expected to last, the rest of the horizon shared by the regimes seen
+        lately (the latest ones covering twice the horizon) in proportion to how long each
+        lasted. Weights sum to less than 1 when no regime has ended yet: the rest of the
+        horizon is unknown."""
+        current = Past(duration_s=0.0, concurrency=self.level, shares=dict(self.shares))
+        stay = min(1.0, self.expected_remaining(now) / horizon_s) if horizon_s > 0 else 1.0
+        recent: list[Past] = []
+        for past in reversed(self.past):
+            if sum(p.duration_s for p in recent) >= 2 * horizon_s:
+                break
+            recent.append(past)
+        seen = sum(p.duration_s for p in recent)
+        if stay >= 1.0 or seen <= 0:
+            return [(stay, current)]
+        return [(stay, current), *(((1 - stay) * p.duration_s / seen, p) for p in recent)]
 
     def view(self, now: float) -> Regime:
         return Regime(

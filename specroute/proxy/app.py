@@ -6,7 +6,6 @@ starts and stops the pool's background tasks.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -61,28 +60,6 @@ def _policy_info(state: ProxyState) -> dict[str, Any]:
     if isinstance(options, msgspec.Struct):
         info["options"] = msgspec.to_builtins(options)
     return info
-
-
-def _estimates(state: ProxyState) -> dict[str, Any]:
-    """What the pool has learned: acceptance and length per class, iteration time per backend."""
-    telemetry = state.pool.telemetry
-    iteration = {
-        f"{name}@{steps}": {
-            "intercept_s": model.intercept,
-            "per_token_s": model.slope,
-            "observations": model.observations,
-        }
-        for (name, steps), model in telemetry.iteration.items()
-    }
-    pool = state.pool
-    return {
-        # What policies see: blended over this replica and its peers (this one's alone if none).
-        "classes": msgspec.to_builtins(pool.index.classes(pool.instance, time.monotonic())),
-        "local_classes": msgspec.to_builtins(telemetry.classes()),
-        "prior_alpha": telemetry.acceptance.prior_alpha,
-        "acceptance_sources": dict(telemetry.sources),
-        "iteration": iteration,
-    }
 
 
 def _error_response(exc: SpecrouteError) -> Response[bytes]:
@@ -162,7 +139,7 @@ def _handlers(state: ProxyState) -> list[Any]:
     @get("/pool", sync_to_thread=False)
     def pool(request: Request[Any, Any, Any]) -> Response[bytes]:
         _auth(state, request)
-        return _json({**pool_info(state), "estimates": _estimates(state)})
+        return _json(pool_info(state))
 
     @get("/pool/estimates", sync_to_thread=False)
     def pool_estimates(request: Request[Any, Any, Any]) -> Response[bytes]:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
+from specroute.policies import ClassEstimate
 from specroute.pool import Backend, Hold, UpstreamFailure
 from specroute.proxy.state import ProxyState
+from specroute.wire import BackendSnapshot, ClassSnapshot, IterationFit, PoolEstimates, PoolSnapshot
 
 __all__ = [
     "model_list",
@@ -55,11 +58,12 @@ def model_list(state: ProxyState) -> dict[str, Any]:
     return {"object": "list", "data": list(cards.values())}
 
 
-def pool_info(state: ProxyState) -> dict[str, Any]:
-    """Every backend as policies see it (its combined load and headroom too, while it is
-    reachable) with its state (serving, draining, restarting, down) and the depth change it is
-    part of, the replicas, and the recent decisions. `steps` is the depth it serves at now,
-    whatever its name says (a server keeps its launch name across depth changes)."""
+def pool_info(state: ProxyState) -> PoolSnapshot:
+    """`GET /pool`: every backend as policies see it (its combined load and headroom too,
+    while it is reachable) with its state (serving, draining, restarting, down) and the depth
+    change it is part of, what the pool learned, the lanes, the replicas, and the recent
+    decisions. `steps` is the depth it serves at now, whatever its name says (a server keeps
+    its launch name across depth changes)."""
     pool = state.pool
     now = time.monotonic()
     backends = []
@@ -68,27 +72,53 @@ def pool_info(state: ProxyState) -> dict[str, Any]:
         view["breaker"] = backend.breaker.state.value
         view["state"] = pool.state_of(backend)
         view["change"] = _change(pool.holds.get(backend.name), now)
-        backends.append(view)
-    return {
-        "policy": state.policy.name,
-        "waiting": state.admission.waiting,
-        "lanes": state.lanes.report(),
-        "backends": backends,
-        "replicas": replicas_info(state),
-        "recent_decisions": state.decisions.render(),
+        backends.append(msgspec.convert(view, BackendSnapshot))
+    return PoolSnapshot(
+        policy=state.policy.name,
+        waiting=state.admission.waiting,
+        backends=backends,
+        estimates=_estimates(state),
+        replicas=replicas_info(state),
+        recent_decisions=state.decisions.render(),
+        lanes=state.lanes.report(),
+    )
+
+
+def _estimates(state: ProxyState) -> PoolEstimates:
+    """What the pool has learned: acceptance and length per class, iteration time per backend."""
+    pool = state.pool
+    telemetry = pool.telemetry
+    iteration = {
+        f"{name}@{steps}": IterationFit(
+            intercept_s=model.intercept, per_token_s=model.slope, observations=model.observations
+        )
+        for (name, steps), model in telemetry.iteration.items()
     }
+    # What policies see: blended over this replica and its peers (this one's alone if none).
+    blended = pool.index.classes(pool.instance, time.monotonic())
+    return PoolEstimates(
+        classes=_classes(blended),
+        local_classes=_classes(telemetry.classes()),
+        prior_alpha=telemetry.acceptance.prior_alpha,
+        acceptance_sources=dict(telemetry.sources),
+        iteration=iteration,
+    )
+
+
+def _classes(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnapshot]:
+    return {
+        name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
+                            samples=c.samples, mean_tokens=c.mean_tokens)
+        for name, c in classes.items()
+    }  # fmt: skip
 
 
 def _change(hold: Hold | None, now: float) -> dict[str, Any] | None:
     """The depth change a held backend is part of, as the launcher's actuator said."""
     if hold is None:
         return None
-    return {
-        "state": hold.state,
-        "to": hold.to,
-        "reason": hold.reason,
-        "since_s": round(now - hold.since, 1),
-    }
+    return {"state": hold.state, "to": hold.to, "reason": hold.reason,
+            "since_s": round(now - hold.since, 1)}  # fmt: skip
 
 
 def replicas_info(state: ProxyState) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 import structlog
@@ -18,63 +18,34 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from specroute.errors import BadRequestError, NotFoundError
 from specroute.proxy.auth import ADMIN
 from specroute.proxy.state import ProxyState
+from specroute.wire import HoldAnswer, HoldChange, PlanDocument, no_planner
 
 __all__ = ["PlanBoard", "PlanGauges", "plan_handlers"]
 
 log = structlog.get_logger()
+_plan_document = msgspec.json.Decoder(PlanDocument)
+_hold_change = msgspec.json.Decoder(HoldChange)
+_encode = msgspec.json.Encoder().encode
 
-NO_PLANNER = {
-    "mode": "off",
-    "planner": None,
-    "note": "no planner publishes here: `specroute launch --reconfigure advise|auto` runs one",
-}
 _READMIT_WAIT_S = 30.0
 """How long readmission waits for the backend to answer /ready and be rediscovered."""
-
-
-class _Forecast(msgspec.Struct):
-    tok_s: float = 0.0
-
-
-class _Plan(msgspec.Struct):
-    verdict: str = ""
-    gain: float = 0.0
-    current: _Forecast | None = None
-    proposed: _Forecast | None = None
-
-
-class _Server(msgspec.Struct):
-    name: str
-    state: str = "serving"
-
-
-class _Numbers(msgspec.Struct, kw_only=True):
-    """The few fields of a published plan that metrics read; the rest is served as sent."""
-
-    mode: str = "off"
-    plan: _Plan | None = None
-    servers: list[_Server] = []
-    outcomes: dict[str, int] = {}
-    replicas: dict[str, int] = {}
 
 
 class PlanBoard:
     """The last published plan, as bytes for `GET /plan` and as numbers for `/metrics`."""
 
     def __init__(self) -> None:
-        self.body = msgspec.json.encode(NO_PLANNER)
-        self.numbers = _Numbers()
-        self.document: dict[str, Any] = dict(NO_PLANNER)
+        self.document = no_planner()
+        self.body = _encode(self.document)
         self.published_at: float | None = None
 
     def publish(self, body: bytes) -> None:
-        """Take a plan document; BadRequestError when it is not one."""
+        """Take a plan document, served as sent; BadRequestError when it is not one."""
         try:
-            document = msgspec.json.decode(body, type=dict[str, Any])
-            numbers = msgspec.convert(document, _Numbers)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            document = _plan_document.decode(body)
+        except msgspec.DecodeError as exc:  # ValidationError included
             raise BadRequestError(f"not a plan document: {exc}", param="plan") from exc
-        self.body, self.document, self.numbers = body, document, numbers
+        self.body, self.document = body, document
         self.published_at = time.monotonic()
 
 
@@ -85,7 +56,7 @@ class PlanGauges:
         self._board = board
 
     def collect(self) -> Iterator[Metric]:
-        n = self._board.numbers
+        n = self._board.document
         replicas = GaugeMetricFamily(
             "specroute_plan_replicas",
             "Servers the plan wants at each depth (`adaptive`: SGLang-adaptive); Kubernetes "
@@ -112,6 +83,7 @@ class PlanGauges:
                 if fc is not None:
                     predicted.add_metric((which,), fc.tok_s)
         yield predicted
+        yield from self._accounts(n)
         yield from self._states(n)
         done = CounterMetricFamily(
             "specroute_reconfigurations",
@@ -122,7 +94,32 @@ class PlanGauges:
             done.add_metric((outcome,), count)
         yield done
 
-    def _states(self, n: _Numbers) -> Iterator[Metric]:
+    def _accounts(self, n: PlanDocument) -> Iterator[Metric]:
+        """The last settled change held to account, and the bar the planner holds now."""
+        settled = [a for a in n.accounts if a.realized_tok_s is not None]
+        last = settled[-1] if settled else None
+        error = GaugeMetricFamily(
+            "specroute_plan_forecast_error_ratio",
+            "The last settled change: (forecast - realized) / realized pool tok/s.",
+        )
+        gain = GaugeMetricFamily(
+            "specroute_plan_realized_gain_ratio",
+            "The last settled change: realized pool tok/s over the rate before it, less one.",
+        )
+        if last is not None and last.forecast_error is not None:
+            error.add_metric((), last.forecast_error)
+        if last is not None and last.realized_gain is not None:
+            gain.add_metric((), last.realized_gain)
+        yield error
+        yield gain
+        yield GaugeMetricFamily(
+            "specroute_plan_bar_ratio",
+            "The gain a change must promise, as a fraction of the objective (raised while "
+            "changes do not pay).",
+            value=n.plan.bar if n.plan is not None else 0.0,
+        )
+
+    def _states(self, n: PlanDocument) -> Iterator[Metric]:
         states = GaugeMetricFamily(
             "specroute_plan_servers",
             "Servers serving, draining or restarting, as the actuator reports them.",
@@ -140,29 +137,15 @@ class PlanGauges:
         yield info
 
 
-class HoldChange(msgspec.Struct, forbid_unknown_fields=True):
-    """`PUT /pool/backends/{name}/state`: the actuator's hold, with the change it is part of
-    (`to`: the setting it moves to, `reason`: the plan's), which logs, `/pool`, metrics and
-    the dashboard show while it lasts."""
-
-    state: Literal["serving", "draining", "restarting"]
-    to: str = ""
-    reason: str = ""
-
-
-def _hold_answer(state: ProxyState, name: str) -> dict[str, Any]:
+def _hold_answer(state: ProxyState, name: str) -> HoldAnswer:
     backend = state.pool.by_name[name]
     held = state.pool.holds.get(name)
-    return {
-        "backend": name,
-        "state": held.state if held else "serving",
-        "to": held.to if held else "",
-        "reason": held.reason if held else "",
-        "in_flight": backend.in_flight,
-        "reachable": backend.reachable,
-        "steps": backend.steps,
-        "capacity": backend.capacity,
-    }
+    return HoldAnswer(
+        backend=name, state=held.state if held else "serving",
+        to=held.to if held else "", reason=held.reason if held else "",
+        in_flight=backend.in_flight, reachable=backend.reachable, steps=backend.steps,
+        capacity=backend.capacity,
+    )  # fmt: skip
 
 
 async def _readmit(state: ProxyState, name: str) -> None:
@@ -196,7 +179,7 @@ def plan_handlers(state: ProxyState, board: PlanBoard) -> list[Any]:
         if name not in state.pool.by_name:
             raise NotFoundError(f"no backend named {name!r}", param="name")
         try:
-            change = msgspec.json.decode(await request.body(), type=HoldChange)
+            change = _hold_change.decode(await request.body())
         except msgspec.DecodeError as exc:
             raise BadRequestError(str(exc), param="state") from exc
         before = state.pool.holds.state(name) or "serving"
@@ -208,7 +191,7 @@ def plan_handlers(state: ProxyState, board: PlanBoard) -> list[Any]:
             log.info("backend_hold", backend=name, state=change.state, previous=before,
                      steps=state.pool.by_name[name].steps, to=change.to,
                      reason=change.reason)  # fmt: skip
-        return Response(msgspec.json.encode(_hold_answer(state, name)),
+        return Response(_encode(_hold_answer(state, name)),
                         media_type="application/json")  # fmt: skip
 
     return [get_plan, put_plan, put_backend_state]

@@ -16,7 +16,6 @@ import signal
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import httpx
 import msgspec
@@ -28,6 +27,7 @@ from specroute.reconfigure.actuator import Actuator, Slot
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
+from specroute.wire import PlanDocument, PoolSnapshot
 
 __all__ = ["Advisor", "FanoutLink", "main"]
 
@@ -50,7 +50,7 @@ class FanoutLink(ProxyLink):
         hosts = sorted({str(info[4][0]) for info in found})
         return [f"http://[{h}]:{port}" if ":" in h else f"http://{h}:{port}" for h in hosts]
 
-    async def publish(self, document: dict[str, Any]) -> None:
+    async def publish(self, document: PlanDocument) -> None:
         body = msgspec.json.encode(document)
         targets = await asyncio.to_thread(self._targets)
         for target in targets:
@@ -79,18 +79,18 @@ class Advisor(Reconfigurer):
         self.follow(pool)
         await self.consider(pool)
 
-    def follow(self, pool: dict[str, Any]) -> None:
+    def follow(self, pool: PoolSnapshot) -> None:
         """The servers are the pool's reachable backends of known depth, at that depth."""
         now = self.actuator.clock()
         slots: dict[str, Slot] = {}
-        for b in pool.get("backends") or []:
-            if b.get("steps") is None or not b.get("healthy"):
+        for b in pool.backends:
+            if b.steps is None or not b.healthy:
                 continue
-            setting = Setting(steps=int(b["steps"]))
-            slot = self.actuator.slots.get(b["name"])
+            setting = Setting(steps=b.steps)
+            slot = self.actuator.slots.get(b.name)
             if slot is None or slot.setting != setting:
-                slot = Slot(name=b["name"], setting=setting, startup_s=self.startup_s, since=now)
-            slots[b["name"]] = slot
+                slot = Slot(name=b.name, setting=setting, startup_s=self.startup_s, since=now)
+            slots[b.name] = slot
         self.actuator.slots = slots
 
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import datetime
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgspec
@@ -25,16 +25,39 @@ from specroute.planner import (
     PlannerOptions,
     Setting,
 )
+from specroute.reconfigure.accounts import Ledger
 from specroute.reconfigure.actuator import Actuator, Mode, Record
 from specroute.reconfigure.readings import Traffic, estimates
+from specroute.wire import (
+    ChangeRecord,
+    HoldAnswer,
+    HoldChange,
+    HoldState,
+    PlanDocument,
+    PlanSummary,
+    PoolSnapshot,
+    ServerRow,
+)
 
-__all__ = ["ProxyLink", "ReconfigureOptions", "Reconfigurer", "Restart", "replicas"]
+__all__ = [
+    "Link",
+    "ProxyLink",
+    "ReconfigureOptions",
+    "Reconfigurer",
+    "Restart",
+    "Sleep",
+    "replicas",
+]
 
 log = structlog.get_logger()
-_json = msgspec.json.Decoder(dict[str, Any])
+_pool = msgspec.json.Decoder(PoolSnapshot)
+_hold = msgspec.json.Decoder(HoldAnswer)
+_encode = msgspec.json.Encoder().encode
 
 Restart = Callable[[str, Setting], Awaitable[str | None]]
 """Restart one server at a setting and wait for /ready: None when it came up, else why not."""
+Sleep = Callable[[float], Awaitable[None]]
+"""Wait this many seconds of the loop's clock (`asyncio.sleep`, or a simulator's)."""
 
 
 class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -64,6 +87,23 @@ class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
         return msgspec.convert(fields, PlannerOptions, strict=False)
 
 
+class Link(Protocol):
+    """What the loop asks of a proxy: its /pool, PUT /plan, backend holds."""
+
+    async def pool(self) -> PoolSnapshot: ...
+
+    async def publish(self, document: PlanDocument) -> None: ...
+
+    async def hold(
+        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
+    ) -> HoldAnswer:
+        """Set a backend's state (draining, restarting, serving) with the change it is part
+        of; its in-flight count back."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class ProxyLink:
     """The proxy's admin routes, with the admin key: /pool, PUT /plan, backend holds."""
 
@@ -72,24 +112,24 @@ class ProxyLink:
             base_url=url, timeout=timeout_s, headers={"authorization": f"Bearer {admin_key}"}
         )
 
-    async def pool(self) -> dict[str, Any]:
+    async def pool(self) -> PoolSnapshot:
         response = await self.client.get("/pool")
         response.raise_for_status()
-        return _json.decode(response.content)
+        return _pool.decode(response.content)
 
-    async def publish(self, document: dict[str, Any]) -> None:
-        (await self.client.put("/plan", content=msgspec.json.encode(document))).raise_for_status()
+    async def publish(self, document: PlanDocument) -> None:
+        (await self.client.put("/plan", content=_encode(document))).raise_for_status()
 
     async def hold(
-        self, name: str, state: str, *, to: str = "", reason: str = ""
-    ) -> dict[str, Any]:
+        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
+    ) -> HoldAnswer:
         """Set a backend's state (draining, restarting, serving) with the change it is part
         of (the setting it moves `to`, the plan's `reason`): the proxy then tells a planned
         restart from an outage. Its in-flight count back."""
-        body = msgspec.json.encode({"state": state, "to": to, "reason": reason})
+        body = _encode(HoldChange(state, to=to, reason=reason))
         response = await self.client.put(f"/pool/backends/{name}/state", content=body)
         response.raise_for_status()
-        return _json.decode(response.content)
+        return _hold.decode(response.content)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -105,25 +145,30 @@ def replicas(settings: list[Setting]) -> dict[str, int]:
 
 
 class Reconfigurer:
-    """One planner, one actuator, and the tasks carrying out the changes it begins."""
+    """One planner, one actuator, and the tasks carrying out the changes it begins. Time is
+    the actuator's clock and `sleep`: wall time in `specroute launch`, virtual time in the
+    simulator (`benchmarks/depth_sim.py`), which runs this same loop."""
 
     def __init__(
         self,
         options: ReconfigureOptions,
-        link: ProxyLink,
+        link: Link,
         actuator: Actuator,
         restart: Restart,
         *,
         limit: Callable[[int], int],
         adaptive: tuple[Any, ...] = (),
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.options = options
         self.link = link
         self.actuator = actuator
+        self._sleep = sleep
         self.planner = Planner(options.planner_options(adaptive))
         self._restart = restart
         self._limit = limit
         self.traffic = Traffic()
+        self.ledger = Ledger(window_s=self.planner.options.window_s)
         self.plan: Plan | None = None
         self.note = "no estimates yet: waiting for the first requests"
         self._ticks = 0
@@ -138,24 +183,34 @@ class Reconfigurer:
                 await self.tick()
             except (httpx.HTTPError, msgspec.DecodeError) as exc:
                 log.warning("plan_skipped", error=str(exc) or type(exc).__name__)
-            wait = max(0.0, self.options.tick_s - (clock() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), wait)
+            await self._pause(stop, self.options.tick_s - (clock() - started))
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        """`seconds` of the loop's clock, or until `stop`."""
+        if seconds <= 0 or stop.is_set():
+            return
+        pause = asyncio.ensure_future(self._sleep(seconds))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((pause, stopped), return_when=asyncio.FIRST_COMPLETED)
+        for task in (pause, stopped):
+            task.cancel()
 
     async def tick(self) -> None:
         """One sample of the load; every `plan_every` samples a plan, published."""
         await self.consider(await self.link.pool())
 
-    async def consider(self, pool: dict[str, Any]) -> None:
+    async def consider(self, pool: PoolSnapshot) -> None:
         """One /pool answer: observed, and every `plan_every` answers planned on."""
         now = self.actuator.clock()
         loads, queued = self.traffic.sample(pool)
         self.planner.observe(now, loads, queued)
+        self.ledger.sample(now, self.traffic.tokens)
         self._ticks += 1
         if self._ticks % self.options.plan_every:
             return
+        self._settle_accounts(now)
         est = estimates(pool, self.options.allowed_steps, self._limit)
         if est is not None:
             self._decide(now, est)
@@ -168,6 +223,7 @@ class Reconfigurer:
                      reason=plan.reason, gain_tok_s=round(plan.gain, 1))  # fmt: skip
         self.plan, self.note = plan, ""
         for change in self.actuator.admit(plan):
+            self.ledger.begin(now, change.server, plan)
             task = asyncio.create_task(self._carry_out(change), name=f"reconfigure-{change.server}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -184,6 +240,7 @@ class Reconfigurer:
         finally:
             with contextlib.suppress(httpx.HTTPError):
                 await self.link.hold(name, "serving")
+        self.ledger.done(self.actuator.clock(), name, record.outcome == "done")
         self._log(record)
         await self._publish_quietly()
 
@@ -205,9 +262,17 @@ class Reconfigurer:
         deadline = clock() + self.options.drain_s
         while True:
             answer = await self.link.hold(name, "draining", **self._change(name))
-            if int(answer.get("in_flight") or 0) == 0 or clock() >= deadline:
+            if answer.in_flight == 0 or clock() >= deadline:
                 return
-            await asyncio.sleep(min(0.2, max(0.0, deadline - clock())))
+            await self._sleep(min(0.2, max(0.0, deadline - clock())))
+
+    def _settle_accounts(self, now: float) -> None:
+        """Close the accounts of changes that settled; each verdict moves the planner's bar."""
+        for account in self.ledger.close(now, self.planner.regimes.view(now).started_at):
+            if account.realized_gain is not None:
+                self.planner.account(account.realized_gain)
+            log.info("change_accounted", **msgspec.structs.asdict(account),
+                     bar=round(self.planner.bar, 4))  # fmt: skip
 
     def _change(self, name: str) -> dict[str, str]:
         """The change under way on `name`, for its hold: where it goes and why."""
@@ -228,7 +293,7 @@ class Reconfigurer:
     async def publish(self) -> None:
         await self.link.publish(self.document())
 
-    def document(self) -> dict[str, Any]:
+    def document(self) -> PlanDocument:
         """What `GET /plan` shows: the plan with its numbers, each server's state, the
         changes under way and past ones, outcome counts, and the replicas per depth wanted
         now: the current ones with the changes the plan would begin now. Times are ages in
@@ -246,27 +311,35 @@ class Reconfigurer:
         for change in self.plan.start if self.plan is not None else ():
             wanted[change.server] = change.after
         servers = [
-            {"name": s.name, "setting": s.setting.label, "state": s.phase,
-             "target": None if s.target is None else s.target.label,
-             "fallback": s.fallback, "since_s": round(now - s.since, 1), "since": at(s.since),
-             "startup_s": round(s.startup_s, 1)}
+            ServerRow(name=s.name, setting=s.setting.label, state=s.phase,
+                      target=None if s.target is None else s.target.label,
+                      fallback=s.fallback, since_s=round(now - s.since, 1), since=at(s.since),
+                      startup_s=round(s.startup_s, 1))
             for s in act.slots.values()
         ]  # fmt: skip
-        return {
-            "mode": act.mode,
-            "planner": "specroute launch",
-            "note": self.note,
-            "plan": None if self.plan is None else msgspec.to_builtins(self.plan),
-            "plan_age_s": None if self.plan is None else round(now - self.plan.at, 1),
-            "plan_made_at": None if self.plan is None else at(self.plan.at),
-            "published_at": at(now),
-            "servers": servers,
-            "pending": [s["name"] for s in servers if s["state"] != "serving"],
-            "history": [
-                {**msgspec.to_builtins(r), "ago_s": round(now - r.at, 1), "finished_at": at(r.at)}
+        return PlanDocument(
+            mode=act.mode,
+            planner="specroute launch",
+            note=self.note,
+            plan=None if self.plan is None else summary(self.plan),
+            plan_age_s=None if self.plan is None else round(now - self.plan.at, 1),
+            plan_made_at=None if self.plan is None else at(self.plan.at),
+            published_at=at(now),
+            servers=servers,
+            pending=[s.name for s in servers if s.state != "serving"],
+            history=[
+                ChangeRecord(
+                    **msgspec.structs.asdict(r), ago_s=round(now - r.at, 1), finished_at=at(r.at)
+                )
                 for r in reversed(act.history)
             ],
-            "outcomes": dict(act.outcomes),
-            "replicas": replicas(list(wanted.values())),
-            "current_replicas": replicas(list(current.values())),
-        }
+            accounts=list(self.ledger.accounts),
+            outcomes={str(k): n for k, n in act.outcomes.items()},
+            replicas=replicas(list(wanted.values())),
+            current_replicas=replicas(list(current.values())),
+        )
+
+
+def summary(plan: Plan) -> PlanSummary:
+    """The plan as `/plan` carries it (a field renamed on either side fails here)."""
+    return msgspec.convert(msgspec.to_builtins(plan), PlanSummary)

@@ -1,0 +1,106 @@
+"""Each depth change held to account: the pool's rate before it, the rate the plan forecast for
+the pool it made, and the rate realized once it settled, in the same regime. Pure: the caller
+passes the time and the tokens the pool has completed so far."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import msgspec
+
+from specroute.planner import Plan
+from specroute.wire import Account
+
+__all__ = ["Ledger"]
+
+_KEPT = 20
+
+
+class _Open(msgspec.Struct, kw_only=True):
+    server: str
+    begun: float
+    regime_started: float
+    before_tok_s: float
+    forecast_tok_s: float
+    done: float | None = None
+
+
+class Ledger:
+    """The realized rate from the completed tokens the loop samples, and the accounts of
+    the changes: opened when one begins, closed `settle_s + measure_s` after it is done
+    (the rate over the last `measure_s`), void when the regime changed meanwhile."""
+
+    def __init__(self, *, window_s: float = 60.0, settle_s: float = 30.0, measure_s: float = 120.0):
+        self.window_s = window_s
+        self.settle_s = settle_s
+        self.measure_s = measure_s
+        self._samples: deque[tuple[float, float]] = deque()
+        self._open: dict[str, _Open] = {}
+        self.accounts: list[Account] = []
+
+    def sample(self, now: float, tokens: float) -> None:
+        """The pool's completed tokens so far, at `now`."""
+        self._samples.append((now, tokens))
+        keep = max(self.window_s, self.settle_s + self.measure_s) * 4
+        while len(self._samples) > 2 and self._samples[1][0] < now - keep:
+            self._samples.popleft()
+
+    def rate(self, start: float, end: float) -> float | None:
+        """Tokens per second completed between the samples nearest `start` and `end`; None
+        when fewer than half of that span was sampled."""
+        inside = [(t, n) for t, n in self._samples if start <= t <= end]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < (end - start) / 2:
+            return None
+        (t0, n0), (t1, n1) = inside[0], inside[-1]
+        return (n1 - n0) / (t1 - t0)
+
+    def begin(self, now: float, server: str, plan: Plan) -> None:
+        """A change of `plan` begins on `server`: the rate now and the forecast it is held to."""
+        before = self.rate(now - self.window_s, now)
+        if before is None or plan.expected is None:
+            return
+        self._open[server] = _Open(server=server, begun=now, before_tok_s=before,
+                                   regime_started=plan.regime.started_at,
+                                   forecast_tok_s=plan.expected.tok_s)  # fmt: skip
+
+    def done(self, now: float, server: str, ok: bool) -> None:
+        """The change is over: measured from `settle_s` on if it made its pool, else dropped."""
+        change = self._open.get(server)
+        if change is None:
+            return
+        if ok:
+            change.done = now
+        else:
+            del self._open[server]
+
+    def close(self, now: float, regime_started: float) -> list[Account]:
+        """The accounts that close now (measured, or void: the regime changed meanwhile)."""
+        closed = []
+        for name, change in list(self._open.items()):
+            if change.done is None:
+                continue
+            end = change.done + self.settle_s + self.measure_s
+            if regime_started > change.begun:
+                closed.append(self._account(change, None, "the regime changed before it settled"))
+            elif now >= end:
+                realized = self.rate(end - self.measure_s, end)
+                closed.append(self._account(change, realized, "" if realized else "no samples"))
+            else:
+                continue
+            del self._open[name]
+        self.accounts = [*self.accounts, *closed][-_KEPT:]
+        return closed
+
+    @staticmethod
+    def _account(change: _Open, realized: float | None, note: str) -> Account:
+        error = gain = None
+        if realized:
+            error = (change.forecast_tok_s - realized) / realized
+            gain = realized / change.before_tok_s - 1 if change.before_tok_s > 0 else None
+        return Account(
+            at=change.begun, servers=[change.server], before_tok_s=round(change.before_tok_s, 1),
+            forecast_tok_s=round(change.forecast_tok_s, 1),
+            realized_tok_s=None if realized is None else round(realized, 1),
+            forecast_error=None if error is None else round(error, 4),
+            realized_gain=None if gain is None else round(gain, 4), note=note,
+        )  # fmt: skip

@@ -1,0 +1,76 @@
+"""Each depth change held to account (`reconfigure/accounts.py`) and the planner's regret guard:
+the realized rate after a change against its forecast and the rate before, void when the regime
+moved; a change that did not pay raises the bar the next one must clear."""
+
+from __future__ import annotations
+
+from test_planner import GREEDY, estimates, planner_after, pool
+
+from specroute.planner import Forecast, Plan, Regime
+from specroute.reconfigure.accounts import Ledger
+
+
+def _plan(forecast_tok_s: float, regime_started: float = 0.0) -> Plan:
+    regime = Regime(concurrency=8.0, shares={GREEDY: 1.0}, started_at=regime_started,
+                    elapsed_s=300.0, expected_remaining_s=900.0, regimes_seen=0,
+                    peak_concurrency=8.0, steady=True)  # fmt: skip
+    fc = Forecast(settings=("k1",), tok_s=forecast_tok_s, per_request_tok_s=1.0, queued=0.0,
+                  value=forecast_tok_s, servers=())  # fmt: skip
+    return Plan(at=0.0, verdict="reconfigure", reason="", regime=regime, current=fc, expected=fc)
+
+
+def _run(ledger: Ledger, rate: float, start: float, end: float, tokens: float) -> float:
+    """Samples every 2 s of a pool completing `rate` tokens a second; the tokens at `end`."""
+    t = start
+    while t <= end:
+        ledger.sample(t, tokens + rate * (t - start))
+        t += 2.0
+    return tokens + rate * (end - start)
+
+
+def test_a_change_is_held_to_its_forecast_and_to_the_rate_before_it() -> None:
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _run(ledger, 1000.0, 0.0, 100.0, 0.0)
+    ledger.begin(100.0, "b0", _plan(1300.0))
+    tokens = _run(ledger, 800.0, 102.0, 200.0, tokens)  # one server away
+    ledger.done(200.0, "b0", ok=True)
+    assert ledger.close(300.0, regime_started=0.0) == []  # not settled yet
+    _run(ledger, 1200.0, 202.0, 360.0, tokens)
+    (account,) = ledger.close(360.0, regime_started=0.0)
+    assert account.before_tok_s == 1000.0
+    assert account.realized_tok_s == 1200.0  # measured after the settle, not while it was away
+    assert account.forecast_error == round((1300.0 - 1200.0) / 1200.0, 4)
+    assert account.realized_gain == 0.2
+    assert ledger.accounts == [account]
+
+
+def test_an_account_is_void_when_the_regime_moved_before_it_settled() -> None:
+    ledger = Ledger()
+    _run(ledger, 1000.0, 0.0, 100.0, 0.0)
+    ledger.begin(100.0, "b0", _plan(1300.0))
+    ledger.done(150.0, "b0", ok=True)
+    (account,) = ledger.close(160.0, regime_started=155.0)
+    assert account.realized_tok_s is None
+    assert account.realized_gain is None
+    assert "regime" in account.note
+
+
+def test_changes_that_do_not_pay_raise_the_planners_bar() -> None:
+    # A quiet greedy regime: a deeper server gains; after changes that realized nothing,
+    # the same gain no longer clears the bar, and a change that paid lowers it again.
+    planner, now = planner_after([(600.0, {GREEDY: 2.0})], regret_cap=5.0)
+    assert planner.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
+    gain = planner.plan(now, pool(1, 1, 1), estimates())
+    assert gain.proposed is not None
+    promised = gain.proposed.value / gain.current.value - 1
+    for _ in range(200):
+        if planner.bar > promised:
+            break
+        planner.account(-0.01)
+    held = planner.plan(now, pool(1, 1, 1), estimates())
+    assert held.start == ()
+    assert held.bar > promised
+    for _ in range(200):
+        planner.account(0.1)
+    assert planner.bar == planner.options.min_gain
+    assert planner.plan(now, pool(1, 1, 1), estimates()).start
