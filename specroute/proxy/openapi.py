@@ -32,12 +32,12 @@ class ChatMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """OpenAI's chat completion request: the fields the proxy reads; the rest pass through.
-    Without `model` it goes to the pool's model, as SGLang serves it (several models: 400)."""
+class _OpenAIRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What chat and completions requests share: the fields the proxy reads; the rest pass
+    through. Without `model` a request goes to the pool's model, as SGLang serves it (a pool
+    of several models: 400)."""
 
     model: str | msgspec.UnsetType = msgspec.UNSET
-    messages: list[ChatMessage]
     stream: bool | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -54,24 +54,16 @@ class ChatCompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     """SGLang's scheduling priority (with `--enable-priority-scheduling`)."""
 
 
-class CompletionRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """OpenAI's (legacy) completion request (`model` optional, as for chat)."""
+class ChatCompletionRequest(_OpenAIRequest, kw_only=True, omit_defaults=True):
+    """OpenAI's chat completion request."""
 
-    model: str | msgspec.UnsetType = msgspec.UNSET
+    messages: list[ChatMessage]
+
+
+class CompletionRequest(_OpenAIRequest, kw_only=True, omit_defaults=True):
+    """OpenAI's (legacy) completion request."""
+
     prompt: str | list[str]
-    stream: bool | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    n: int | None = None
-    stream_options: StreamOptions | None = None
-    return_spec_tokens_details: bool | None = None
-    service_tier: str | None = None
-    """OpenAI's: `priority` puts the request in the interactive lane, `flex` in batch."""
-    priority: int | None = None
-    """SGLang's scheduling priority (with `--enable-priority-scheduling`)."""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
