@@ -153,6 +153,14 @@ def test_ctrl_c_stops_the_server_keeps_finished_depths_and_a_rerun_resumes(
     assert set(prior.iteration) == {1, 2}
     assert set(prior.accept_length) == {"greedy"}
     assert (out / "report.md").read_text().startswith("## specroute tune:")
+    # The launch line holds each chosen depth at the capacity its server reported, and says
+    # how to let depths follow load.
+    capacities = {"1": 26, "2": 21}
+    command = report["command"].split()
+    steps = command[command.index("--steps") + 1].split(",")
+    per_depth = command[command.index("--max-running-requests") + 1]
+    assert per_depth == ",".join(f"{k}={capacities[k]}" for k in sorted(set(steps)))
+    assert "--reconfigure auto" in text
 
 
 @pytest.mark.timeout(300)

@@ -195,6 +195,10 @@ def _sections(report: TuneReport, profile: Profile, markdown: bool) -> Sequence[
     if report.command:
         fence = "```\n" if markdown else ""
         body = f"{fence}{report.command}\n{fence}".rstrip()
+        body += (
+            "\nAdd --reconfigure auto to let the servers' depths follow the load (the default,"
+            " advise, only shows the planner's plan at the proxy's /plan and /dashboard)."
+        )
         parts.append(_section(f"Start it ({report.recommended_for} traffic)", body, markdown))
     if report.seed is not None:
         parts.append(_seed(report.seed, markdown))

@@ -182,8 +182,15 @@ def seed_check(profile: Profile, options: TuneOptions) -> SeedCheck | None:
     )
 
 
-def launch_command(options: TuneOptions, servers: Sequence[ServerPlan], prior: str) -> str:
-    """The `specroute launch` line that starts `servers` with the tuned prior."""
+def launch_command(
+    options: TuneOptions,
+    servers: Sequence[ServerPlan],
+    prior: str,
+    capacities: Mapping[int, int] | None = None,
+) -> str:
+    """The `specroute launch` line that starts `servers` with the tuned prior; `capacities`
+    (each depth's `max_running_requests` as its server reported it) are passed per depth, so
+    the launched servers hold what the tune measured."""
     launch = options.launch
     parts = ["specroute", "launch"]
     if launch.emulate:
@@ -197,7 +204,17 @@ def launch_command(options: TuneOptions, servers: Sequence[ServerPlan], prior: s
         parts += ["--draft-model", launch.draft_model]
     if launch.tp != 1:
         parts += ["--tp", str(launch.tp)]
-    if launch.max_running_requests != SPECULATIVE_DEFAULT_MAX_RUNNING:
+    fixed = sorted({s.steps for s in servers if not s.adaptive})
+    measured = {k: n for k, n in (capacities or {}).items() if k in fixed}
+    if measured:
+        every = (
+            ""
+            if launch.max_running_requests == SPECULATIVE_DEFAULT_MAX_RUNNING
+            else (f"{launch.max_running_requests},")
+        )
+        per_depth = ",".join(f"{k}={measured[k]}" for k in sorted(measured))
+        parts += ["--max-running-requests", every + per_depth]
+    elif launch.max_running_requests != SPECULATIVE_DEFAULT_MAX_RUNNING:
         parts += ["--max-running-requests", str(launch.max_running_requests)]
     flag = "--emulator-arg" if launch.emulate else "--sglang-arg"
     extra = list(launch.emulator_args if launch.emulate else launch.sglang_args)
@@ -233,7 +250,12 @@ def build_report(
     command = None
     if chosen_by is not None and chosen_by.mix is not None:
         chosen = [by_label[label] for label in chosen_by.mix.servers]
-        command = launch_command(options, chosen, str(layout.prior.resolve()))
+        capacities = {
+            r.steps: r.facts.max_running_requests
+            for r in done
+            if not r.adaptive and r.facts.max_running_requests is not None
+        }
+        command = launch_command(options, chosen, str(layout.prior.resolve()), capacities)
     model = options.launch.model
     if model == EMULATED_MODEL and profile.models:
         model = profile.models[0]
