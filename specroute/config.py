@@ -166,6 +166,9 @@ class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """Wait before the second attempt; doubled for each one after."""
     backoff_max_s: NonNegative = 1.0
     """The longest wait between two attempts."""
+    max_migrations: Annotated[int, msgspec.Meta(ge=0)] = 1
+    """Times one streamed chat or completions request may move to another backend when its
+    backend fails mid-stream (the text relayed so far continued there); 0 turns it off."""
 
 
 class BreakerConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -34,6 +34,9 @@ class Plan:
     max_new_tokens: int
     klass: str
     ignore_eos: bool
+    skip: int = 0
+    """Tokens of the answer already written (a continued assistant message): the reply's
+    text starts after them, so a continuation goes on exactly where the answer stopped."""
 
 
 def _lora_check(model: str, served: str, lora_path: object) -> None:
@@ -91,15 +94,23 @@ def chat_plan(req: ChatRequest, *, served: str, context: int) -> Plan:
             f"{context} completion tokens."
         )
     _lora_check(req.model, served, req.lora_path)
-    contents = [m.text() for m in req.messages]
-    prompt_tokens = chat_prompt_tokens(contents)
-    prompt_text = "\n".join(f"{m.role}: {c}" for m, c in zip(req.messages, contents, strict=True))
+    messages = req.messages
+    written = ""
+    if req.continue_final_message and messages[-1].role == "assistant":
+        # The template ends with the open assistant turn and its text: the generation
+        # prompt of the messages before it plus the words written so far.
+        messages, written = messages[:-1], messages[-1].text()
+    contents = [m.text() for m in messages]
+    skip = count_words(written)
+    prompt_tokens = chat_prompt_tokens(contents) + skip
+    prompt_text = "\n".join(f"{m.role}: {c}" for m, c in zip(messages, contents, strict=True))
     return Plan(
         prompt_tokens=prompt_tokens,
         prompt_text=prompt_text,
         max_new_tokens=_budget(prompt_tokens, max_new, context),
         klass=sampling_class(req.temperature, req.top_k),
         ignore_eos=req.ignore_eos,
+        skip=skip,
     )
 
 

@@ -231,9 +231,12 @@ class Emulator:
         )
 
     def reply(self, job: Job, plan: Plan, model: str, **extra: Any) -> Reply:
+        source = TextSource(self.options.seed, plan.prompt_text)
+        if plan.skip:
+            source.take(plan.skip)  # the words already written, as the first answer wrote them
         return Reply(
             job,
-            TextSource(self.options.seed, plan.prompt_text),
+            source,
             model=model,
             created=int(time.time()),
             malformed=job.stream and self.faults.malformed_stream(),

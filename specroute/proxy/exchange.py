@@ -12,6 +12,7 @@ from specroute.policies import Decision, Outcome, Policy, RouteRequest
 from specroute.pool import Lease, UpstreamFailure
 from specroute.proxy.intake import Send
 from specroute.proxy.metrics import ProxyMetrics
+from specroute.proxy.migrate import Migration
 from specroute.proxy.reply import Reply
 
 __all__ = ["Exchange"]
@@ -39,6 +40,7 @@ class Exchange:
         self.attempt_started = self.started
         self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
+        self.migration: Migration | None = None  # a stream that may move if its backend fails
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
         self.attempts += 1

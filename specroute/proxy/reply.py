@@ -56,8 +56,10 @@ class Reply:
         "ending",
         "error",
         "finished",
+        "held",
         "meter",
         "render_error",
+        "resumable",
         "status",
         "stream",
         "transport",
@@ -78,6 +80,10 @@ class Reply:
         self.finished = False
         self.client_gone = False
         self.ending = False  # the proxy is shutting down and ends this reply itself
+        self.resumable = False
+        """A stream that fails is not ended here: its error tail is `held` for the relay,
+        which moves the request to another backend or ends it (`end_held`)."""
+        self.held: bytes | None = None
         self.meter = ReplyMeter()
         self.stream: StreamRelay | None = None
         self.render_error: Callable[[SpecrouteError], bytes] = error_body
@@ -148,7 +154,9 @@ class Reply:
         with a heartbeat. After that, failures end the stream with an error event (in the
         stream's own format: `stream.error_tail`)."""
         self.stream = stream
-        self._head = [(b"content-type", upstream.content_type), *headers]
+        self.held = None
+        if not self.committed:
+            self._head = [(b"content-type", upstream.content_type), *headers]
         self._stall_s = stall_s
         tail = b""
         try:
@@ -160,6 +168,8 @@ class Reply:
             if self.committed:
                 self.error = str(exc)
                 tail = stream.error_tail(_stream_failure(exc))
+                if self.resumable:
+                    self.held, tail = tail, b""
             raise
         except asyncio.CancelledError:
             if self._watch is not None and self._watch.stalled:  # nothing more can reach it
@@ -172,10 +182,20 @@ class Reply:
         finally:
             if self._watch is not None:
                 self._watch.close()
-            if self.committed:
+                self._watch = None
+            if self.committed and self.held is None:
                 self.finished = True
                 if not self.client_gone:
                     await self._send({"type": "http.response.body", "body": tail})
+
+    async def end_held(self) -> None:
+        """End a stream whose tail was held for a migration that did not happen."""
+        tail, self.held = self.held, None
+        if tail is None:
+            return
+        self.finished = True
+        if not self.client_gone:
+            await self._send({"type": "http.response.body", "body": tail})
 
     async def _relay(
         self, relay: StreamRelay, upstream: UpstreamResponse, clock: StreamClock
@@ -233,13 +253,15 @@ class Reply:
         return max(_TICK_S, min(heard + limit, said + clock.heartbeat_s) - now), said
 
     async def _commit(self) -> SendWatch:
-        """The stream's headers go out; from now on its client's reading pace is watched."""
+        """The stream's headers go out (unless a migrated stream's went out already); from now
+        on its client's reading pace is watched."""
         task = asyncio.current_task()
         assert task is not None
-        self.status = 200
-        self.committed = True
         watch = self._watch = SendWatch(task, self._stall_s, self.transport)
-        await self._send({"type": "http.response.start", "status": 200, "headers": self._head})
+        if not self.committed:
+            self.status = 200
+            self.committed = True
+            await self._send({"type": "http.response.start", "status": 200, "headers": self._head})
         return watch
 
     async def send_error(self, exc: SpecrouteError, headers: Headers) -> None:

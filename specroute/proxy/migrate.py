@@ -1,0 +1,273 @@
+"""Request migration: a streamed chat or completions reply whose backend fails after the client
+got its first bytes continues on another backend, relayed into the same client stream.
+
+The continuation is exact where SGLang 0.5.23 can continue exactly: a chat request gets the
+text relayed so far as a final assistant message with `continue_final_message: true`
+(`ChatCompletionRequest` in `srt/entrypoints/openai/protocol.py`: an assistant message last in
+`messages` is continued rather than answered); a completions request gets its prompt plus that
+text. Requests whose continuation would not be the same answer (tools, `n > 1`, logprobs,
+`response_format` or SGLang's constrained decoding, `echo`, `suffix`, token-id prompts,
+reasoning or tool calls seen in the stream) are not moved: they end as they did before.
+
+Only a request that may move pays for it: its stream is read through `Tap` (the text of each
+content delta is kept); the continuation's events go through `Continued`, which gives them the
+first reply's `id`, `created` and `model` and sums the usage once at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from specroute.pool import BadReply, Stalled, TimedOut, UpstreamFailure
+from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.fields import Extras
+from specroute.sse import DONE, EventTooLarge
+
+__all__ = ["MIGRATING_ROUTES", "Continued", "Migration", "Tap", "failure_cause", "tokenize_body"]
+
+MIGRATING_ROUTES = frozenset(("chat", "completions"))
+
+_ANY = msgspec.json.Decoder(dict[str, Any])
+_encode = msgspec.json.Encoder().encode
+
+
+class _Blockers(msgspec.Struct):
+    """The request fields under which a continuation would not be the same answer."""
+
+    n: int | None = None
+    tools: msgspec.Raw = msgspec.Raw()
+    functions: msgspec.Raw = msgspec.Raw()
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    response_format: msgspec.Raw = msgspec.Raw()
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | None = None
+    structural_tag: msgspec.Raw = msgspec.Raw()
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+    continue_final_message: bool | None = None
+    prompt: msgspec.Raw = msgspec.Raw()
+
+
+_blockers = msgspec.json.Decoder(_Blockers)
+
+
+def _given(raw: msgspec.Raw) -> bool:
+    """A field present and not null (nor an empty list of tools)."""
+    return bytes(raw).strip() not in (b"", b"null", b"[]")
+
+
+def _refusal(route: str, body: bytes) -> str | None:
+    """Why a request cannot be continued exactly, or None when it can."""
+    try:
+        b = _blockers.decode(body)
+    except msgspec.DecodeError:
+        return "undecodable"
+    if (b.n or 1) != 1 or (b.best_of or 1) != 1:
+        return "n"
+    if _given(b.tools) or _given(b.functions):
+        return "tools"
+    if b.logprobs or b.top_logprobs:
+        return "logprobs"
+    if _given(b.response_format) or _given(b.structural_tag) or b.regex or b.ebnf or b.json_schema:
+        return "response_format"
+    if b.continue_final_message:
+        return "continue_final_message"
+    if route == "completions":
+        if b.echo or b.suffix:
+            return "echo_or_suffix"
+        if bytes(b.prompt)[:1] != b'"':
+            return "prompt_not_text"
+    return None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: msgspec.Raw = msgspec.Raw()
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None
+    text: str | None = None
+
+
+class _Event(msgspec.Struct):
+    id: str | None = None
+    created: int | None = None
+    model: str | None = None
+    choices: list[_Choice] = []
+
+
+_event = msgspec.json.Decoder(_Event)
+
+
+class Migration:
+    """One request's moves: whether it may move at all (`refusal`), the text relayed so far,
+    the first reply's envelope, and how many moves it has made (`moves`, at most `limit`)."""
+
+    __slots__ = (
+        "created",
+        "id",
+        "limit",
+        "model",
+        "moves",
+        "pieces",
+        "refusal",
+        "relayed",
+        "route",
+        "ttft",
+    )
+
+    def __init__(self, route: str, body: bytes, limit: int) -> None:
+        self.route = route
+        self.limit = limit
+        self.refusal = _refusal(route, body)
+        self.moves = 0
+        self.pieces: list[str] = []
+        self.id: str | None = None
+        self.created: int | None = None
+        self.model: str | None = None
+        self.relayed = 0
+        """The text so far in tokens, as the backend continuing it counts them."""
+        self.ttft: float | None = None
+        """The client's first token, from the first backend."""
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def take(self, payload: bytes) -> None:
+        """One relayed event of the first reply: its envelope (once) and its text."""
+        try:
+            event = _event.decode(payload)
+        except msgspec.DecodeError:
+            return
+        if self.id is None:
+            self.id, self.created, self.model = event.id, event.created, event.model
+        for choice in event.choices:
+            delta = choice.delta
+            if delta is not None:
+                if delta.reasoning_content or _given(delta.tool_calls):
+                    self.refusal = self.refusal or "reasoning_or_tool_calls"
+                if delta.content:
+                    self.pieces.append(delta.content)
+            elif choice.text:
+                self.pieces.append(choice.text)
+
+    def body(self, upstream: bytes, relayed_tokens: int) -> bytes | None:
+        """The continuation's body: the request as it went upstream, the text so far added,
+        its output budget reduced by `relayed_tokens`; None when no budget is left."""
+        data = _ANY.decode(upstream)
+        for key in ("max_completion_tokens", "max_tokens"):
+            budget = data.get(key)
+            if isinstance(budget, int):
+                if budget - relayed_tokens <= 0:
+                    return None
+                data[key] = budget - relayed_tokens
+        if self.route == "chat":
+            data["messages"] = [*data["messages"], {"role": "assistant", "content": self.text}]
+            data["continue_final_message"] = True
+        else:
+            data["prompt"] = data["prompt"] + self.text
+        return _encode(data)
+
+
+def tokenize_body(model: str | None, text: str) -> bytes:
+    """SGLang's `/v1/tokenize` request for the text relayed so far (no special tokens: the
+    chat template or the prompt around it carries those)."""
+    body: dict[str, Any] = {"prompt": text, "add_special_tokens": False}
+    if model is not None:
+        body["model"] = model
+    return _encode(body)
+
+
+def failure_cause(exc: UpstreamFailure) -> str:
+    """The metric's `cause` label of a failure mid-stream."""
+    if isinstance(exc, Stalled | TimedOut):
+        return "stalled"
+    if isinstance(exc, BadReply):
+        return "bad_reply"
+    return "interrupted"
+
+
+class Tap(StreamRelay):
+    """A stream relay that also keeps what a migration needs of each event it relays."""
+
+    __slots__ = ("migration",)
+
+    def __init__(
+        self,
+        migration: Migration,
+        extras: Extras,
+        started: float,
+        max_event_bytes: int | None = None,
+    ) -> None:
+        super().__init__(extras, started, max_event_bytes)
+        self.migration = migration
+
+    def _keep(self, payload: bytes | None, now: float) -> bool:
+        keep = super()._keep(payload, now)
+        if payload is not None and payload != DONE:
+            self.migration.take(payload)
+        return keep
+
+
+class Continued(Tap):
+    """The continuation's stream: each event carries the first reply's `id`, `created` and
+    `model`; its usage counts the `relayed` tokens as completion, not prompt, tokens."""
+
+    __slots__ = ("_relayed",)
+
+    def __init__(
+        self,
+        migration: Migration,
+        relayed: int,
+        extras: Extras,
+        started: float,
+        ttft: float | None,
+        max_event_bytes: int | None = None,
+    ) -> None:
+        super().__init__(migration, extras, started, max_event_bytes)
+        self._relayed = relayed
+        self.ttft = ttft  # the client's first token came from the first backend
+
+    def feed(self, data: bytes, now: float) -> bytes:
+        try:
+            events = self._splitter.feed(data)
+        except EventTooLarge as exc:
+            raise BadReply(str(exc)) from exc
+        out = []
+        for event, payload in events:
+            if payload is not None and payload[:1] == b"{" and payload[-1:] == b"}":
+                payload = self._rewrite(payload)
+                event = b"data: " + payload + b"\n\n"
+            if self._keep(payload, now):
+                out.append(event)
+        return b"".join(out)
+
+    def _keep(self, payload: bytes | None, now: float) -> bool:
+        if self._last is None and self.ttft is not None:
+            self._last = now  # gaps count from the continuation's first event
+        return super()._keep(payload, now)
+
+    def _rewrite(self, payload: bytes) -> bytes:
+        try:
+            data = _ANY.decode(payload)
+        except msgspec.DecodeError:
+            return payload  # the relay's own check calls it malformed
+        m = self.migration
+        for key, value in (("id", m.id), ("created", m.created), ("model", m.model)):
+            if key in data and value is not None:
+                data[key] = value
+        usage = data.get("usage")
+        if isinstance(usage, dict):
+            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(completion, int):
+                usage["prompt_tokens"] = max(0, prompt - self._relayed)
+                usage["completion_tokens"] = completion + self._relayed
+        return _encode(data)
