@@ -4,13 +4,17 @@ text, one id, usage that adds up); a request that cannot be continued exactly ke
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Iterator
+import json
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from inprocess import ADMIN, proxy
 from servers import Server, run_server, start_emulator
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
@@ -85,8 +89,7 @@ def chat_stream(proxy: Server, **extra: object) -> tuple[str, set[str], object, 
         created.add(chunk.created)
         if chunk.usage is not None:
             usage = chunk.usage
-        for choice in chunk.choices:
-            text.append(choice.delta.content or "")
+        text.extend(choice.delta.content or "" for choice in chunk.choices)
     assert len(created) == 1
     return "".join(text), ids, usage, len(created)
 
@@ -147,7 +150,8 @@ def test_completion_stream_continues_on_another_backend(tmp_path: Path) -> None:
         assert whole.split()[:6] == reference.choices[0].text.split()[:6]
         assert len(whole.split()) == TOKENS
         assert len(ids) == 1
-        assert usage is not None and reference.usage is not None
+        assert usage is not None
+        assert reference.usage is not None
         assert usage.completion_tokens == TOKENS
         assert usage.prompt_tokens == reference.usage.prompt_tokens
         assert migrations(proxy) == {("interrupted", "moved"): 1.0}
@@ -161,8 +165,89 @@ def test_request_that_cannot_continue_exactly_keeps_its_error(tmp_path: Path) ->
 
 
 def test_migration_turned_off_keeps_the_error(tmp_path: Path) -> None:
-    off = CONFIG.replace("[retry]\n", "[retry]\nmax_migrations = 0\n")
+    off = CONFIG + "[migration]\nmax_moves = 0\n"
     with pool(tmp_path, "--exit-mid-stream-after-tokens", 6, off) as (proxy, _):
         with pytest.raises(openai.APIError, match="backend stream interrupted"):
             chat_stream(proxy)
         assert migrations(proxy) == {}
+
+
+LONG = 300  # tokens: seconds of streaming, far longer than the drain's deadline
+
+
+async def _stream(client: httpx.AsyncClient, prompt: str) -> dict[str, Any]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True,
+            "max_tokens": LONG, "stream_options": {"include_usage": True}, **WHOLE}  # fmt: skip
+    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        backend = reply.headers["x-specroute-backend"]
+        lines = [line async for line in reply.aiter_lines() if line.startswith("data:")]
+    payloads = [line.removeprefix("data:").strip() for line in lines]
+    chunks = [json.loads(p) for p in payloads if p != "[DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    return {
+        "backend": backend, "done": payloads[-1] == "[DONE]", "text": text,
+        "errors": [c for c in chunks if "error" in c], "ids": {c["id"] for c in chunks},
+        "usage": [c["usage"] for c in chunks if c.get("usage")],
+    }  # fmt: skip
+
+
+async def _in_flight(client: httpx.AsyncClient, name: str) -> int:
+    backends = (await client.get("/pool")).json()["backends"]
+    return int(next(b["in_flight"] for b in backends if b["name"] == name))
+
+
+async def _until(check: Callable[[], Awaitable[bool]], limit_s: float = 30.0) -> None:
+    """Poll `check` until it holds (an AssertionError past `limit_s`)."""
+    for _ in range(int(limit_s / 0.02)):
+        if await check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("condition not reached in time")
+
+
+async def _reference(url: str, prompt: str) -> str:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": LONG}
+    async with httpx.AsyncClient(timeout=60) as client:
+        whole = await client.post(url + "/v1/chat/completions", json={**body, **WHOLE})
+    return str(whole.json()["choices"][0]["message"]["content"])
+
+
+async def _drain_under_load(a: Server, b: Server) -> dict[str, Any]:
+    prompts = [f"question number {i}" for i in range(4)]
+    async with (
+        proxy({"a": a, "b": b}, policy="round_robin", migration={"drain_s": 0.2}) as (url, _),  # type: ignore[dict-item]
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
+        tasks = [asyncio.create_task(_stream(client, p)) for p in prompts]
+
+        async def a_busy() -> bool:
+            return await _in_flight(client, "a") == 2  # both of a's streams under way
+
+        async def a_empty() -> bool:
+            return all(t.done() for t in tasks) or await _in_flight(client, "a") == 0
+
+        await _until(a_busy)
+        held = await client.put("/pool/backends/a/state", json={"state": "draining"}, headers=ADMIN)
+        assert held.status_code == 200, held.text
+        await _until(a_empty)
+        drained_while_streaming = not any(t.done() for t in tasks)
+        results = await asyncio.gather(*tasks)
+        metrics = (await client.get("/metrics")).text
+    references = await asyncio.gather(*(_reference(b.url, p) for p in prompts))
+    return {"results": results, "references": references, "metrics": metrics,
+            "drained": drained_while_streaming}  # fmt: skip
+
+
+def test_a_drain_moves_its_streams_and_cuts_none() -> None:
+    with start_emulator(1, "--seed", "9") as a, start_emulator(3, "--seed", "9") as b:
+        seen = asyncio.run(_drain_under_load(a, b))
+    assert seen["drained"]  # a was empty while every stream still ran: they moved
+    results = seen["results"]
+    assert {r["backend"] for r in results} == {"a", "b"}
+    for result, reference in zip(results, seen["references"], strict=True):
+        assert result["done"]
+        assert result["errors"] == []
+        assert result["text"] == reference  # contiguous across the move
+        assert len(result["ids"]) == 1
+        assert [u["completion_tokens"] for u in result["usage"]] == [LONG]
+    assert 'specroute_migrations_total{cause="drain",outcome="moved"} 2.0' in seen["metrics"]

@@ -15,16 +15,27 @@ first reply's `id`, `created` and `model` and sums the usage once at the end."""
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Any
 
 import msgspec
 
-from specroute.pool import BadReply, Stalled, TimedOut, UpstreamFailure
+from specroute.pool import BadReply, Holds, Stalled, TimedOut, UpstreamFailure
 from specroute.proxy.chunks import StreamRelay
 from specroute.proxy.fields import Extras
 from specroute.sse import DONE, EventTooLarge
 
-__all__ = ["MIGRATING_ROUTES", "Continued", "Migration", "Tap", "failure_cause", "tokenize_body"]
+__all__ = [
+    "MIGRATING_ROUTES",
+    "Continued",
+    "Migration",
+    "Moved",
+    "Tap",
+    "draining_past",
+    "failure_cause",
+    "move_due",
+    "tokenize_body",
+]
 
 MIGRATING_ROUTES = frozenset(("chat", "completions"))
 
@@ -186,8 +197,27 @@ def tokenize_body(model: str | None, text: str) -> bytes:
     return _encode(body)
 
 
+class Moved(UpstreamFailure):
+    """The stream's backend has drained past `migration.drain_s`: the proxy moves the stream
+    itself (no fault of the backend's)."""
+
+
+def draining_past(holds: Holds, name: str, after_s: float) -> bool:
+    """Whether backend `name` has been draining for `after_s` seconds or more."""
+    held = holds.get(name)
+    return held is not None and held.state == "draining" and monotonic() - held.since >= after_s
+
+
+def move_due(migration: Migration, holds: Holds, name: str, after_s: float) -> bool:
+    """Whether a stream on `name` should move now: its backend drained past `after_s` and the
+    stream can still be continued exactly."""
+    return migration.refusal is None and draining_past(holds, name, after_s)
+
+
 def failure_cause(exc: UpstreamFailure) -> str:
     """The metric's `cause` label of a failure mid-stream."""
+    if isinstance(exc, Moved):
+        return "drain"
     if isinstance(exc, Stalled | TimedOut):
         return "stalled"
     if isinstance(exc, BadReply):

@@ -49,7 +49,14 @@ from specroute.proxy.intake import (
     request_id,
     watch_disconnect,
 )
-from specroute.proxy.migrate import MIGRATING_ROUTES, Continued, Migration, Tap
+from specroute.proxy.migrate import (
+    MIGRATING_ROUTES,
+    Continued,
+    Migration,
+    Moved,
+    Tap,
+    move_due,
+)
 from specroute.proxy.moving import Mover, upstream_headers
 from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
@@ -158,7 +165,7 @@ class Relay:
         request, policy = incoming.request, ex.policy
         tried: list[str] = []
         home = None if incoming.continues is None else await self._home(incoming.continues)
-        limit = retry.max_migrations
+        limit = state.config.migration.max_moves
         if limit and request.stream and ex.route in MIGRATING_ROUTES:
             ex.migration = Migration(ex.route, incoming.body, limit)
             ex.reply.resumable = True
@@ -299,6 +306,10 @@ class Relay:
             limits_config = state.config.limits
             max_event = limits_config.max_event_bytes
             stream = _stream_relay(ex, incoming, max_event)
+            mig = ex.migration
+            if mig is not None and mig.refusal is None:  # a drain moves it at its deadline
+                holds, after_s = state.pool.holds, state.config.migration.drain_s
+                ex.reply.move_check = partial(move_due, mig, holds, ex.backend, after_s)
             await ex.reply.send_stream(
                 upstream, stream, ex.headers(), clock, limits_config.client_stall_s
             )
@@ -360,7 +371,7 @@ def _verdict(exc: UpstreamFailure) -> bool | Stalled | BadReply | None:
     of the backend's."""
     if isinstance(exc, Stalled | BadReply):
         return exc
-    return None if isinstance(exc, ReplyTooLarge) else False
+    return None if isinstance(exc, ReplyTooLarge | Moved) else False
 
 
 def _client_left(task: asyncio.Task[Any], reply: Reply) -> None:

@@ -29,6 +29,7 @@ from specroute.proxy.bodies import BODY_MEMORY_FULL
 from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
 from specroute.proxy.fields import Extras
 from specroute.proxy.intake import Send
+from specroute.proxy.migrate import Moved
 from specroute.proxy.stalls import HEARTBEAT, ClientTransport, SendWatch, StreamClock
 
 __all__ = ["Reply", "shutting_down"]
@@ -58,6 +59,7 @@ class Reply:
         "finished",
         "held",
         "meter",
+        "move_check",
         "render_error",
         "resumable",
         "status",
@@ -84,6 +86,8 @@ class Reply:
         """A stream that fails is not ended here: its error tail is `held` for the relay,
         which moves the request to another backend or ends it (`end_held`)."""
         self.held: bytes | None = None
+        self.move_check: Callable[[], bool] | None = None
+        """Asked between reads of a stream that may move: True ends the read (`Moved`)."""
         self.meter = ReplyMeter()
         self.stream: StreamRelay | None = None
         self.render_error: Callable[[SpecrouteError], bytes] = error_body
@@ -208,7 +212,10 @@ class Reply:
         watch = self._watch
         heard = said = time.perf_counter()  # the last event from the backend, to the client
         wait, between = clock.first_wait(), clock.gap_wait()
+        move = self.move_check
         while True:
+            if move is not None and move():
+                raise Moved("the backend is draining: the stream moves to another backend")
             try:
                 data = await upstream.next_chunk(wait)
             except TimedOut:
