@@ -251,3 +251,29 @@ def test_a_drain_moves_its_streams_and_cuts_none() -> None:
         assert len(result["ids"]) == 1
         assert [u["completion_tokens"] for u in result["usage"]] == [LONG]
     assert 'specroute_migrations_total{cause="drain",outcome="moved"} 2.0' in seen["metrics"]
+
+
+def test_emulator_continues_a_final_assistant_message_where_it_stopped() -> None:
+    """SGLang's `continue_final_message`: the answer goes on from the assistant's text, and
+    usage counts that text as prompt, only the new words as completion."""
+    with start_emulator(3, *SEED) as backend:
+        emulator = client(backend)
+        whole = emulator.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=20,
+            extra_body=WHOLE,
+        )
+        text = whole.choices[0].message.content or ""
+        head = " " + " ".join(text.split()[:7])
+        rest = emulator.chat.completions.create(
+            model=MODEL,
+            messages=[*MESSAGES, {"role": "assistant", "content": head}],  # type: ignore[list-item]
+            max_tokens=13,
+            extra_body={**WHOLE, "continue_final_message": True},
+        )
+    assert head + (rest.choices[0].message.content or "") == text
+    assert whole.usage is not None
+    assert rest.usage is not None
+    assert rest.usage.completion_tokens == 13
+    assert rest.usage.prompt_tokens == whole.usage.prompt_tokens + 7
