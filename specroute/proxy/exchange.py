@@ -102,6 +102,8 @@ class Exchange:
         steps = "" if self.steps is None else str(self.steps)
         meter = reply.measured
         ttft = reply.stream.ttft if reply.stream is not None else None
+        if self.migration is not None and self.migration.moves:
+            ttft = self.migration.ttft  # the client's, from the backend that began the reply
         metrics.requests.inc((self.route, backend, steps, str(reply.status)))
         if self.backend is not None:
             if request is not None and self.generates:  # forwarded routes have no class

@@ -146,7 +146,8 @@ class Migration:
         self.relayed = 0
         """The text so far in tokens, as the backend continuing it counts them."""
         self.ttft: float | None = None
-        """The client's first token, from the first backend."""
+        """The client's first token, from the first backend (a continuation's stream times
+        its own first event: its backend's first token, as the estimators learn it)."""
 
     @property
     def text(self) -> str:
@@ -259,12 +260,10 @@ class Continued(Tap):
         relayed: int,
         extras: Extras,
         started: float,
-        ttft: float | None,
         max_event_bytes: int | None = None,
     ) -> None:
         super().__init__(migration, extras, started, max_event_bytes)
         self._relayed = relayed
-        self.ttft = ttft  # the client's first token came from the first backend
 
     def feed(self, data: bytes, now: float) -> bytes:
         try:
@@ -279,11 +278,6 @@ class Continued(Tap):
             if self._keep(payload, now):
                 out.append(event)
         return b"".join(out)
-
-    def _keep(self, payload: bytes | None, now: float) -> bool:
-        if self._last is None and self.ttft is not None:
-            self._last = now  # gaps count from the continuation's first event
-        return super()._keep(payload, now)
 
     def _rewrite(self, payload: bytes) -> bytes:
         try:

@@ -85,9 +85,10 @@ class Mover:
             lease, decision = await state.admission.admit(incoming.request, ex.policy, tried)
         except SpecrouteError:
             return "no_backend"
-        mig.moves += 1
         stream = ex.reply.stream
-        mig.ttft = stream.ttft if stream is not None else None
+        if mig.moves == 0 and stream is not None:
+            mig.ttft = stream.ttft
+        mig.moves += 1
         relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
         body = None if relayed is None else mig.body(incoming.body, relayed)
         if relayed is None or body is None:

@@ -363,7 +363,7 @@ def _stream_relay(ex: Exchange, incoming: Incoming, max_event: int | None) -> St
         return StreamRelay(incoming.extras, ex.started, max_event)
     if mig.moves == 0:
         return Tap(mig, incoming.extras, ex.started, max_event)
-    return Continued(mig, mig.relayed, incoming.extras, ex.started, mig.ttft, max_event)
+    return Continued(mig, mig.relayed, incoming.extras, ex.started, max_event)
 
 
 def _verdict(exc: UpstreamFailure) -> bool | Stalled | BadReply | None:
