@@ -156,7 +156,8 @@ class Reply:
         """Headers go out with the first event, so a backend that fails during prefill is
         still retried invisibly, unless the first token takes `heartbeat_s`: then they go out
         with a heartbeat. After that, failures end the stream with an error event (in the
-        stream's own format: `stream.error_tail`)."""
+        stream's own format: `stream.error_tail`), or hold it (`resumable`) for a move; a
+        continuation's stream goes on under the headers already sent."""
         self.stream = stream
         self.held = None
         if not self.committed:
