@@ -277,3 +277,31 @@ def test_emulator_continues_a_final_assistant_message_where_it_stopped() -> None
     assert rest.usage is not None
     assert rest.usage.completion_tokens == 13
     assert rest.usage.prompt_tokens == whole.usage.prompt_tokens + 7
+
+
+def _native_events(raw: bytes) -> list[dict[str, Any]]:
+    payloads = [e.removeprefix(b"data: ") for e in raw.split(b"\n\n") if e.strip()]
+    assert payloads[-1] == b"[DONE]"
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+@pytest.mark.parametrize("prompt", [{"text": PROMPT}, {"input_ids": [1001, 1002, 1003]}])
+def test_native_generate_stream_continues_on_another_backend(
+    tmp_path: Path, prompt: dict[str, object]
+) -> None:
+    request = {**prompt, "stream": True,
+               "sampling_params": {"max_new_tokens": TOKENS, "ignore_eos": True}}  # fmt: skip
+    with pool(tmp_path, "--exit-mid-stream-after-tokens", 6) as (proxy, healthy):
+        reply = httpx.post(proxy.url + "/generate", json=request, timeout=30)
+        reference = httpx.post(healthy.url + "/generate", json={**request, "stream": False})
+        counts = migrations(proxy)
+    events = _native_events(reply.content)
+    assert not [e for e in events if "error" in e]
+    last, whole = events[-1], reference.json()
+    assert len({e["meta_info"]["id"] for e in events}) == 1
+    assert last["text"].split()[:6] == whole["text"].split()[:6]  # the first backend's words
+    assert len(last["text"].split()) == len(last["output_ids"]) == TOKENS
+    assert last["output_ids"][:6] == whole["output_ids"][:6]
+    assert last["meta_info"]["completion_tokens"] == TOKENS
+    assert last["meta_info"]["prompt_tokens"] == whole["meta_info"]["prompt_tokens"]
+    assert counts == {("interrupted", "moved"): 1.0}

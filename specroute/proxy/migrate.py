@@ -37,7 +37,9 @@ __all__ = [
     "tokenize_body",
 ]
 
-MIGRATING_ROUTES = frozenset(("chat", "completions"))
+MIGRATING_ROUTES = frozenset(("chat", "completions", "generate"))
+_NATIVE_MAX_NEW_TOKENS = 128
+"""SGLang's `SamplingParams.max_new_tokens` default, the budget of a `/generate` without one."""
 
 _ANY = msgspec.json.Decoder(dict[str, Any])
 _encode = msgspec.json.Encoder().encode
@@ -66,6 +68,64 @@ class _Blockers(msgspec.Struct):
 _blockers = msgspec.json.Decoder(_Blockers)
 
 
+class _NativeSampling(msgspec.Struct):
+    n: int | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | None = None
+    structural_tag: str | None = None
+
+
+class _NativeBlockers(msgspec.Struct):
+    """SGLang's `/generate` fields under which a continuation would not be the same answer."""
+
+    text: msgspec.Raw = msgspec.Raw()
+    input_ids: list[int] | None = None
+    sampling_params: _NativeSampling | None = None
+    return_logprob: bool | list[bool] | None = None
+    input_embeds: msgspec.Raw = msgspec.Raw()
+    image_data: msgspec.Raw = msgspec.Raw()
+
+
+_native_blockers = msgspec.json.Decoder(_NativeBlockers)
+
+
+def _native_refusal(body: bytes) -> str | None:
+    """Why a `/generate` request cannot be continued exactly: a batch, embeddings or images,
+    logprobs, n > 1, constrained decoding."""
+    try:
+        b = _native_blockers.decode(body)
+    except msgspec.DecodeError:
+        return "batch_or_undecodable"  # a batch's `input_ids` is a list of lists
+    if b.input_ids is None and bytes(b.text)[:1] != b'"':
+        return "batch_or_undecodable"
+    if _given(b.input_embeds) or _given(b.image_data):
+        return "embeds_or_images"
+    if b.return_logprob:
+        return "logprobs"
+    sp = b.sampling_params or _NativeSampling()
+    if (sp.n or 1) != 1:
+        return "n"
+    if sp.regex or sp.ebnf or sp.json_schema or sp.structural_tag:
+        return "response_format"
+    return None
+
+
+class _NativeMeta(msgspec.Struct):
+    id: str | None = None
+
+
+class _NativeEvent(msgspec.Struct):
+    """A `/generate` stream's event: the whole text and token ids so far."""
+
+    text: str = ""
+    output_ids: list[int] = []
+    meta_info: _NativeMeta | None = None
+
+
+_native_event = msgspec.json.Decoder(_NativeEvent)
+
+
 def _given(raw: msgspec.Raw) -> bool:
     """A field present and not null (nor an empty list of tools)."""
     return bytes(raw).strip() not in (b"", b"null", b"[]")
@@ -73,6 +133,8 @@ def _given(raw: msgspec.Raw) -> bool:
 
 def _refusal(route: str, body: bytes) -> str | None:
     """Why a request cannot be continued exactly, or None when it can."""
+    if route == "generate":
+        return _native_refusal(body)
     try:
         b = _blockers.decode(body)
     except msgspec.DecodeError:
@@ -124,6 +186,7 @@ class Migration:
     __slots__ = (
         "created",
         "id",
+        "last",
         "limit",
         "model",
         "moves",
@@ -140,6 +203,8 @@ class Migration:
         self.refusal = _refusal(route, body)
         self.moves = 0
         self.pieces: list[str] = []
+        self.last: bytes | None = None
+        """A `/generate` stream's latest event: it carries the whole text and ids so far."""
         self.id: str | None = None
         self.created: int | None = None
         self.model: str | None = None
@@ -151,10 +216,29 @@ class Migration:
 
     @property
     def text(self) -> str:
+        if self.route == "generate":
+            return self.native().text
         return "".join(self.pieces)
+
+    def native(self) -> _NativeEvent:
+        """What a `/generate` stream has produced so far (decoded only when it moves)."""
+        if self.last is None:
+            return _NativeEvent()
+        try:
+            return _native_event.decode(self.last)
+        except msgspec.DecodeError:
+            return _NativeEvent()
+
+    def token_count(self) -> int | None:
+        """The output so far in tokens where the stream says it (`/generate`'s ids), else
+        None: the continuing backend's tokenizer counts it."""
+        return len(self.native().output_ids) if self.route == "generate" else None
 
     def take(self, payload: bytes) -> None:
         """One relayed event of the first reply: its envelope (once) and its text."""
+        if self.route == "generate":
+            self.last = payload  # whole so far: kept, decoded only if the stream moves
+            return
         try:
             event = _event.decode(payload)
         except msgspec.DecodeError:
@@ -175,6 +259,8 @@ class Migration:
         """The continuation's body: the request as it went upstream, the text so far added,
         its output budget reduced by `relayed_tokens`; None when no budget is left."""
         data = _ANY.decode(upstream)
+        if self.route == "generate":
+            return self._native_body(data, relayed_tokens)
         for key in ("max_completion_tokens", "max_tokens"):
             budget = data.get(key)
             if isinstance(budget, int):
@@ -186,6 +272,22 @@ class Migration:
             data["continue_final_message"] = True
         else:
             data["prompt"] = data["prompt"] + self.text
+        return _encode(data)
+
+    def _native_body(self, data: dict[str, Any], relayed_tokens: int) -> bytes | None:
+        """`/generate`'s continuation: the token ids so far after the prompt's ids (exact), or
+        the text so far after its text."""
+        so_far = self.native()
+        params = data.get("sampling_params") or {}
+        budget = params.get("max_new_tokens")
+        budget = _NATIVE_MAX_NEW_TOKENS if budget is None else budget
+        if not isinstance(budget, int) or budget - relayed_tokens <= 0:
+            return None
+        data["sampling_params"] = {**params, "max_new_tokens": budget - relayed_tokens}
+        if data.get("input_ids") is not None:
+            data["input_ids"] = [*data["input_ids"], *so_far.output_ids]
+        else:
+            data["text"] = data["text"] + so_far.text
         return _encode(data)
 
 
@@ -252,7 +354,7 @@ class Continued(Tap):
     """The continuation's stream: each event carries the first reply's `id`, `created` and
     `model`; its usage counts the `relayed` tokens as completion, not prompt, tokens."""
 
-    __slots__ = ("_relayed",)
+    __slots__ = ("_first", "_relayed")
 
     def __init__(
         self,
@@ -264,6 +366,7 @@ class Continued(Tap):
     ) -> None:
         super().__init__(migration, extras, started, max_event_bytes)
         self._relayed = relayed
+        self._first = migration.native() if migration.route == "generate" else _NativeEvent()
 
     def feed(self, data: bytes, now: float) -> bytes:
         try:
@@ -285,6 +388,8 @@ class Continued(Tap):
         except msgspec.DecodeError:
             return payload  # the relay's own check calls it malformed
         m = self.migration
+        if m.route == "generate":
+            return _encode(self._native(data))
         for key, value in (("id", m.id), ("created", m.created), ("model", m.model)):
             if key in data and value is not None:
                 data[key] = value
@@ -295,3 +400,21 @@ class Continued(Tap):
                 usage["prompt_tokens"] = max(0, prompt - self._relayed)
                 usage["completion_tokens"] = completion + self._relayed
         return _encode(data)
+
+    def _native(self, data: dict[str, Any]) -> dict[str, Any]:
+        """A `/generate` event of the continuation as the first reply would have sent it: the
+        text and ids so far in front, the first reply's id, the usage summed."""
+        first = self._first
+        if isinstance(data.get("text"), str):
+            data["text"] = first.text + data["text"]
+        if isinstance(data.get("output_ids"), list):
+            data["output_ids"] = [*first.output_ids, *data["output_ids"]]
+        meta = data.get("meta_info")
+        if isinstance(meta, dict):
+            if first.meta_info is not None and first.meta_info.id is not None:
+                meta["id"] = first.meta_info.id
+            prompt, completion = meta.get("prompt_tokens"), meta.get("completion_tokens")
+            if isinstance(prompt, int) and isinstance(completion, int):
+                meta["prompt_tokens"] = max(0, prompt - self._relayed)
+                meta["completion_tokens"] = completion + self._relayed
+        return data

@@ -89,7 +89,9 @@ class Mover:
         if mig.moves == 0 and stream is not None:
             mig.ttft = stream.ttft
         mig.moves += 1
-        relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
+        relayed = mig.token_count()
+        if relayed is None:
+            relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
         body = None if relayed is None else mig.body(incoming.body, relayed)
         if relayed is None or body is None:
             lease.release()
