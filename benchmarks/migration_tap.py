@@ -11,8 +11,9 @@ import argparse
 import time
 
 from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.continued import Tap
 from specroute.proxy.fields import Extras
-from specroute.proxy.migrate import Migration, Tap
+from specroute.proxy.migrate import Migration
 
 CHUNK = (
     b'data: {"id":"0123456789abcdef0123456789abcdef","object":"chat.completion.chunk",'

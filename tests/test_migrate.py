@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from specroute.proxy.continued import Continued, Tap
 from specroute.proxy.fields import Extras
-from specroute.proxy.migrate import Continued, Migration, Tap
+from specroute.proxy.migrate import Migration
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 COMPLETION = {"model": "m", "prompt": "Once upon", "stream": True, "max_tokens": 10}

@@ -1,17 +1,16 @@
-"""Request migration: a streamed chat or completions reply whose backend fails after the client
-got its first bytes continues on another backend, relayed into the same client stream.
+"""Request migration: a streamed chat, completions or `/generate` reply whose backend fails
+after the client got its first bytes (or drains) continues on another backend, relayed into
+the same client stream. This module decides what may move and writes the continuation.
 
 The continuation is exact where SGLang 0.5.23 can continue exactly: a chat request gets the
 text relayed so far as a final assistant message with `continue_final_message: true`
 (`ChatCompletionRequest` in `srt/entrypoints/openai/protocol.py`: an assistant message last in
 `messages` is continued rather than answered); a completions request gets its prompt plus that
-text. Requests whose continuation would not be the same answer (tools, `n > 1`, logprobs,
-`response_format` or SGLang's constrained decoding, `echo`, `suffix`, token-id prompts,
-reasoning or tool calls seen in the stream) are not moved: they end as they did before.
-
-Only a request that may move pays for it: its stream is read through `Tap` (the text of each
-content delta is kept); the continuation's events go through `Continued`, which gives them the
-first reply's `id`, `created` and `model` and sums the usage once at the end."""
+text; a `/generate` request its token ids plus the ids generated (its text plus the text, for a
+text prompt). Requests whose continuation would not be the same answer (tools, `n > 1`,
+logprobs, `response_format` or SGLang's constrained decoding, `echo`, `suffix`, token-id
+completions prompts, batches, reasoning or tool calls seen in the stream) are not moved: they
+end as they did before. The stream relays that feed and replay it are in `continued`."""
 
 from __future__ import annotations
 
@@ -21,16 +20,12 @@ from typing import Any
 import msgspec
 
 from specroute.pool import BadReply, Holds, Stalled, TimedOut, UpstreamFailure
-from specroute.proxy.chunks import StreamRelay
-from specroute.proxy.fields import Extras
-from specroute.sse import DONE, EventTooLarge
 
 __all__ = [
     "MIGRATING_ROUTES",
-    "Continued",
     "Migration",
     "Moved",
-    "Tap",
+    "NativeEvent",
     "draining_past",
     "failure_cause",
     "move_due",
@@ -111,19 +106,19 @@ def _native_refusal(body: bytes) -> str | None:
     return None
 
 
-class _NativeMeta(msgspec.Struct):
+class NativeMeta(msgspec.Struct):
     id: str | None = None
 
 
-class _NativeEvent(msgspec.Struct):
+class NativeEvent(msgspec.Struct):
     """A `/generate` stream's event: the whole text and token ids so far."""
 
     text: str = ""
     output_ids: list[int] = []
-    meta_info: _NativeMeta | None = None
+    meta_info: NativeMeta | None = None
 
 
-_native_event = msgspec.json.Decoder(_NativeEvent)
+_native_event = msgspec.json.Decoder(NativeEvent)
 
 
 def _given(raw: msgspec.Raw) -> bool:
@@ -220,14 +215,14 @@ class Migration:
             return self.native().text
         return "".join(self.pieces)
 
-    def native(self) -> _NativeEvent:
+    def native(self) -> NativeEvent:
         """What a `/generate` stream has produced so far (decoded only when it moves)."""
         if self.last is None:
-            return _NativeEvent()
+            return NativeEvent()
         try:
             return _native_event.decode(self.last)
         except msgspec.DecodeError:
-            return _NativeEvent()
+            return NativeEvent()
 
     def token_count(self) -> int | None:
         """The output so far in tokens where the stream says it (`/generate`'s ids), else
@@ -326,95 +321,3 @@ def failure_cause(exc: UpstreamFailure) -> str:
     if isinstance(exc, BadReply):
         return "bad_reply"
     return "interrupted"
-
-
-class Tap(StreamRelay):
-    """A stream relay that also keeps what a migration needs of each event it relays."""
-
-    __slots__ = ("migration",)
-
-    def __init__(
-        self,
-        migration: Migration,
-        extras: Extras,
-        started: float,
-        max_event_bytes: int | None = None,
-    ) -> None:
-        super().__init__(extras, started, max_event_bytes)
-        self.migration = migration
-
-    def _keep(self, payload: bytes | None, now: float) -> bool:
-        keep = super()._keep(payload, now)
-        if payload is not None and payload != DONE:
-            self.migration.take(payload)
-        return keep
-
-
-class Continued(Tap):
-    """The continuation's stream: each event carries the first reply's `id`, `created` and
-    `model`; its usage counts the `relayed` tokens as completion, not prompt, tokens."""
-
-    __slots__ = ("_first", "_relayed")
-
-    def __init__(
-        self,
-        migration: Migration,
-        relayed: int,
-        extras: Extras,
-        started: float,
-        max_event_bytes: int | None = None,
-    ) -> None:
-        super().__init__(migration, extras, started, max_event_bytes)
-        self._relayed = relayed
-        self._first = migration.native() if migration.route == "generate" else _NativeEvent()
-
-    def feed(self, data: bytes, now: float) -> bytes:
-        try:
-            events = self._splitter.feed(data)
-        except EventTooLarge as exc:
-            raise BadReply(str(exc)) from exc
-        out = []
-        for event, payload in events:
-            if payload is not None and payload[:1] == b"{" and payload[-1:] == b"}":
-                payload = self._rewrite(payload)
-                event = b"data: " + payload + b"\n\n"
-            if self._keep(payload, now):
-                out.append(event)
-        return b"".join(out)
-
-    def _rewrite(self, payload: bytes) -> bytes:
-        try:
-            data = _ANY.decode(payload)
-        except msgspec.DecodeError:
-            return payload  # the relay's own check calls it malformed
-        m = self.migration
-        if m.route == "generate":
-            return _encode(self._native(data))
-        for key, value in (("id", m.id), ("created", m.created), ("model", m.model)):
-            if key in data and value is not None:
-                data[key] = value
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(prompt, int) and isinstance(completion, int):
-                usage["prompt_tokens"] = max(0, prompt - self._relayed)
-                usage["completion_tokens"] = completion + self._relayed
-        return _encode(data)
-
-    def _native(self, data: dict[str, Any]) -> dict[str, Any]:
-        """A `/generate` event of the continuation as the first reply would have sent it: the
-        text and ids so far in front, the first reply's id, the usage summed."""
-        first = self._first
-        if isinstance(data.get("text"), str):
-            data["text"] = first.text + data["text"]
-        if isinstance(data.get("output_ids"), list):
-            data["output_ids"] = [*first.output_ids, *data["output_ids"]]
-        meta = data.get("meta_info")
-        if isinstance(meta, dict):
-            if first.meta_info is not None and first.meta_info.id is not None:
-                meta["id"] = first.meta_info.id
-            prompt, completion = meta.get("prompt_tokens"), meta.get("completion_tokens")
-            if isinstance(prompt, int) and isinstance(completion, int):
-                meta["prompt_tokens"] = max(0, prompt - self._relayed)
-                meta["completion_tokens"] = completion + self._relayed
-        return data

@@ -35,6 +35,7 @@ from specroute.pool import (
     attempt_limits,
 )
 from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.continued import Continued, Tap
 from specroute.proxy.exchange import Exchange
 from specroute.proxy.formats import EVENT_APIS, EventStreamRelay, measure_whole, render_error
 from specroute.proxy.intake import (
@@ -50,14 +51,7 @@ from specroute.proxy.intake import (
     request_id,
     watch_disconnect,
 )
-from specroute.proxy.migrate import (
-    MIGRATING_ROUTES,
-    Continued,
-    Migration,
-    Moved,
-    Tap,
-    move_due,
-)
+from specroute.proxy.migrate import MIGRATING_ROUTES, Migration, Moved, move_due
 from specroute.proxy.moving import Mover, upstream_headers
 from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
