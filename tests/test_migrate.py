@@ -108,3 +108,34 @@ def test_a_continuation_speaks_as_the_first_reply_and_sums_its_usage() -> None:
     assert events[2] == b"[DONE]"
     assert continued.meter.completion_tokens == 8
     assert migration.text == " x"
+
+
+@pytest.mark.parametrize(
+    ("request_body", "reason"),
+    [
+        ({"text": "hi", "stream": True}, None),
+        ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}, None),
+        ({"text": ["a", "b"]}, "batch_or_undecodable"),
+        ({"input_ids": [[1], [2]]}, "batch_or_undecodable"),
+        ({"text": "hi", "return_logprob": True}, "logprobs"),
+        ({"text": "hi", "sampling_params": {"n": 2}}, "n"),
+        ({"text": "hi", "sampling_params": {"regex": "a+"}}, "response_format"),
+        ({"text": "hi", "image_data": "x.png"}, "embeds_or_images"),
+    ],
+)
+def test_native_requests_that_cannot_continue_exactly_are_refused(
+    request_body: dict[str, object], reason: str | None
+) -> None:
+    assert Migration("generate", body(request_body), 1).refusal == reason
+
+
+def test_a_native_continuation_appends_the_ids_so_far() -> None:
+    request = body({"input_ids": [1, 2], "stream": True})
+    migration = Migration("generate", request, 1)
+    tap = Tap(migration, Extras(), 0.0)
+    for ids in ([7], [7, 8]):
+        tap.feed(_event(text=" a b"[: 2 * len(ids)], output_ids=ids, meta_info={"id": "g"}), 0)
+    assert migration.token_count() == 2
+    continuation = json.loads(migration.body(request, 2) or b"")
+    assert continuation["input_ids"] == [1, 2, 7, 8]
+    assert continuation["sampling_params"]["max_new_tokens"] == 126  # SGLang's default 128
