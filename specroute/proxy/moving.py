@@ -89,25 +89,30 @@ class Mover:
         if mig.moves == 0 and stream is not None:
             mig.ttft = stream.ttft
         mig.moves += 1
-        relayed = mig.token_count()
-        if relayed is None:
-            relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
-        body = None if relayed is None else mig.body(incoming.body, relayed)
-        if relayed is None or body is None:
-            lease.release()
-            lease.backend.breaker.on_abandon()  # nothing was asked of it: no verdict
-            return "failed" if relayed is None else "no_budget"
-        mig.relayed = relayed
-        ex.begin_attempt(lease, decision)
-        state.metrics.decisions.inc((ex.policy.name, lease.backend.name))
-        tried.append(lease.backend.name)
-        ex.reply.error = None
+        handed = False  # the attempt releases the lease from the moment it has it
         try:
-            await self._attempt(ex, lease, incoming._replace(body=body), True)
-        except SpecrouteError as exc:
-            ex.reply.error = exc.message
-            return "failed"
-        return "moved"
+            relayed = mig.token_count()
+            if relayed is None:
+                relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
+            body = None if relayed is None else mig.body(incoming.body, relayed)
+            if relayed is None or body is None:
+                return "failed" if relayed is None else "no_budget"
+            mig.relayed = relayed
+            ex.begin_attempt(lease, decision)
+            state.metrics.decisions.inc((ex.policy.name, lease.backend.name))
+            tried.append(lease.backend.name)
+            ex.reply.error = None
+            handed = True
+            try:
+                await self._attempt(ex, lease, incoming._replace(body=body), True)
+            except SpecrouteError as exc:
+                ex.reply.error = exc.message
+                return "failed"
+            return "moved"
+        finally:
+            if not handed:  # given up, or cancelled (the client left), before the attempt
+                lease.release()
+                lease.backend.breaker.on_abandon()  # nothing was asked of it: no verdict
 
     async def _tokens(self, backend: Backend, model: str | None, text: str) -> int | None:
         """`text` in `backend`'s tokens (SGLang's `/v1/tokenize`), or None if it cannot say."""
