@@ -67,14 +67,19 @@ class Exchange:
         stream = self.reply.stream
         meter = self.reply.measured
         assert self.request is not None
+        prompt, completion = meter.prompt_tokens, meter.completion_tokens
+        moved = self.migration.relayed if self.migration is not None else 0
+        if moved and prompt is not None and completion is not None:
+            # A continuation's backend read the text relayed before the move as prompt.
+            prompt, completion = prompt + moved, completion - moved
         return Outcome(
             backend=lease.backend.name,
             steps=self.steps,
             workload_class=self.request.workload_class,
             status=status,
             stream=self.request.stream,
-            completion_tokens=meter.completion_tokens,
-            prompt_tokens=meter.prompt_tokens,
+            completion_tokens=completion,
+            prompt_tokens=prompt,
             chunks=stream.chunks if stream is not None else 0,
             verify_count=meter.verify_ct,
             accept_length=meter.accept_length,
