@@ -32,6 +32,7 @@ __all__ = [
     "LanesConfig",
     "LearnConfig",
     "LimitsConfig",
+    "MigrationConfig",
     "PriorConfig",
     "ReplicasConfig",
     "RetryConfig",
@@ -174,6 +175,17 @@ class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     """Wait before the second attempt; doubled for each one after."""
     backoff_max_s: NonNegative = 1.0
     """The longest wait between two attempts."""
+
+
+class MigrationConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Streamed chat and completions replies that move to another backend mid-way: the text
+    relayed so far is continued there, into the same client stream."""
+
+    max_moves: Annotated[int, msgspec.Meta(ge=0)] = 1
+    """Times one request may move when its backend fails mid-stream; 0 turns migration off."""
+    drain_s: NonNegative = 2.0
+    """Seconds a draining backend's streams may run on before they move to another backend
+    (the launcher's `--drain` stays the limit for streams that cannot move)."""
 
 
 class BreakerConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -350,6 +362,7 @@ class Config(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
     health: HealthConfig = msgspec.field(default_factory=HealthConfig)
     timeouts: TimeoutConfig = msgspec.field(default_factory=TimeoutConfig)
     retry: RetryConfig = msgspec.field(default_factory=RetryConfig)
+    migration: MigrationConfig = msgspec.field(default_factory=MigrationConfig)
     breaker: BreakerConfig = msgspec.field(default_factory=BreakerConfig)
     admission: AdmissionConfig = msgspec.field(default_factory=AdmissionConfig)
     learn: LearnConfig = msgspec.field(default_factory=LearnConfig)

@@ -41,6 +41,10 @@ class Plan:
     stop: StopMatch | None = None
     """Where one of the request's `stop` strings ends it, if one does."""
 
+    skip: int = 0
+    """Tokens of the answer already written (a continued assistant message): the reply's
+    text starts after them, so a continuation goes on exactly where the answer stopped."""
+
 
 def _stop(stop: str | list[str] | None, seed: int, prompt: str, max_new: int) -> StopMatch | None:
     stops = () if stop is None else (stop,) if isinstance(stop, str) else tuple(stop)
@@ -111,9 +115,16 @@ def chat_plan(req: ChatRequest, *, served: str, context: int, seed: int = 0) -> 
         )
     _lora_check(req.model, served, req.lora_path)
     _verify_sampling(req.temperature, req.top_p)
-    contents = [m.text() for m in req.messages]
-    prompt_tokens = chat_prompt_tokens(contents)
-    prompt_text = "\n".join(f"{m.role}: {c}" for m, c in zip(req.messages, contents, strict=True))
+    messages = req.messages
+    written = ""
+    if req.continue_final_message and messages[-1].role == "assistant":
+        # The template ends with the open assistant turn and its text: the generation
+        # prompt of the messages before it plus the words written so far.
+        messages, written = messages[:-1], messages[-1].text()
+    contents = [m.text() for m in messages]
+    skip = count_words(written)
+    prompt_tokens = chat_prompt_tokens(contents) + skip
+    prompt_text = "\n".join(f"{m.role}: {c}" for m, c in zip(messages, contents, strict=True))
     budget = _budget(prompt_tokens, max_new, context)
     return Plan(
         prompt_tokens=prompt_tokens,
@@ -122,6 +133,7 @@ def chat_plan(req: ChatRequest, *, served: str, context: int, seed: int = 0) -> 
         klass=sampling_class(req.temperature, req.top_k),
         ignore_eos=req.ignore_eos,
         stop=_stop(req.stop, seed, prompt_text, budget),
+        skip=skip,
     )
 
 

@@ -246,9 +246,13 @@ class Emulator:
         )
 
     def reply(self, job: Job, plan: Plan, model: str, **extra: Any) -> Reply:
+        limit = plan.stop.chars if plan.stop else None
+        source = TextSource(self.options.seed, plan.prompt_text, limit)
+        if plan.skip:
+            source.take(plan.skip)  # the words already written, as the first answer wrote them
         return Reply(
             job,
-            TextSource(self.options.seed, plan.prompt_text, plan.stop.chars if plan.stop else None),
+            source,
             model=model,
             stop=plan.stop,
             created=int(time.time()),

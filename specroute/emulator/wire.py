@@ -69,6 +69,9 @@ class ChatRequest(msgspec.Struct):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     return_spec_tokens_details: bool = False
+    continue_final_message: bool = False
+    """An assistant message last in `messages` is continued, not answered (SGLang's
+    `ChatCompletionRequest`)."""
     rid: str | None = None
     lora_path: str | list[str | None] | None = None
 

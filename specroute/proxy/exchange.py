@@ -13,6 +13,7 @@ from specroute.pool import Lease, UpstreamFailure
 from specroute.proxy.intake import Send
 from specroute.proxy.lanes import LANE_HEADER, LaneStats, decode_speed
 from specroute.proxy.metrics import ProxyMetrics
+from specroute.proxy.migrate import Migration
 from specroute.proxy.reply import Reply
 from specroute.proxy.request_log import RequestLogSampler
 
@@ -42,6 +43,7 @@ class Exchange:
         self.admitted: float | None = None  # when the first attempt began
         self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
+        self.migration: Migration | None = None  # a stream that may move if its backend fails
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
         self.attempts += 1
@@ -72,14 +74,19 @@ class Exchange:
         stream = self.reply.stream
         meter = self.reply.measured
         assert self.request is not None
+        prompt, completion = meter.prompt_tokens, meter.completion_tokens
+        moved = self.migration.relayed if self.migration is not None else 0
+        if moved and prompt is not None and completion is not None:
+            # A continuation's backend read the text relayed before the move as prompt.
+            prompt, completion = prompt + moved, completion - moved
         return Outcome(
             backend=lease.backend.name,
             steps=self.steps,
             workload_class=self.request.workload_class,
             status=status,
             stream=self.request.stream,
-            completion_tokens=meter.completion_tokens,
-            prompt_tokens=meter.prompt_tokens,
+            completion_tokens=completion,
+            prompt_tokens=prompt,
             chunks=stream.chunks if stream is not None else 0,
             verify_count=meter.verify_ct,
             accept_length=meter.accept_length,
@@ -120,6 +127,8 @@ class Exchange:
         steps = "" if self.steps is None else str(self.steps)
         meter = reply.measured
         ttft = reply.stream.ttft if reply.stream is not None else None
+        if self.migration is not None and self.migration.moves:
+            ttft = self.migration.ttft  # the client's, from the backend that began the reply
         metrics.requests.inc((self.route, backend, steps, str(reply.status)))
         if self.backend is not None:
             if request is not None and self.generates:  # forwarded routes have no class

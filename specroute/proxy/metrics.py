@@ -161,6 +161,16 @@ class ProxyMetrics:
             ("backend", "phase"),
         )
 
+        self.migrations = Counter(
+            r,
+            "specroute_migrations_total",
+            "Streams whose backend failed after the client's first byte, by cause (interrupted, "
+            "stalled, bad_reply) and outcome (moved: continued on another backend; failed: the "
+            "continuation could not start; refused: the request cannot be continued exactly; "
+            "limit, no_backend, no_budget).",
+            ("cause", "outcome"),
+        )
+
     def render(self) -> bytes:
         """The registry's Prometheus text: these metrics and every collector registered."""
         return exposition(self.registry)

@@ -1,6 +1,7 @@
 """The relay: one ASGI handler for the proxied routes, a request's life top to bottom. It reads
 the request (`intake`), binds the current policy to it, routes it, forwards the client's bytes,
-retries failures that happen before the first byte reaches the client, hands the reply over
+retries failures that happen before the first byte reaches the client, moves a stream that
+fails after it (or whose backend drains) to another backend (`moving`), hands the reply over
 (`reply`, within the limits `pool.deadlines` fits to the request and its backend), and keeps
 the request's record: one log line, its metrics, an `Outcome` per attempt, and the breaker of a
 backend that stalled or answered what the route does not promise."""
@@ -34,6 +35,7 @@ from specroute.pool import (
     attempt_limits,
 )
 from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.continued import Continued, Tap
 from specroute.proxy.exchange import Exchange
 from specroute.proxy.formats import EVENT_APIS, EventStreamRelay, measure_whole, render_error
 from specroute.proxy.intake import (
@@ -49,6 +51,8 @@ from specroute.proxy.intake import (
     request_id,
     watch_disconnect,
 )
+from specroute.proxy.migrate import MIGRATING_ROUTES, Migration, Moved, move_due
+from specroute.proxy.moving import Mover, upstream_headers
 from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
 from specroute.proxy.stalls import StreamClock
@@ -79,6 +83,7 @@ class Relay:
         self._open: dict[asyncio.Task[Any], Exchange] = {}
         self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
         self.homes = ResponseHomes()
+        self._mover = Mover(state, self._attempt)
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
@@ -156,6 +161,10 @@ class Relay:
         request, policy = incoming.request, ex.policy
         tried: list[str] = []
         home = None if incoming.continues is None else await self._home(incoming.continues)
+        limit = state.config.migration.max_moves
+        if limit and request.stream and ex.route in MIGRATING_ROUTES:
+            ex.migration = Migration(ex.route, incoming.body, limit)
+            ex.reply.resumable = True
         for attempt in range(1, retry.max_attempts + 1):
             if home is not None:  # the stored response is there and nowhere else: no retry
                 lease = state.pool.lease(home)
@@ -183,6 +192,8 @@ class Relay:
             last = home is not None or attempt == retry.max_attempts
             reason = await self._attempt(ex, lease, incoming, last)
             if reason is None:
+                if ex.reply.held is not None:  # failed mid-stream: move it, or end it
+                    await self._mover.migrate(ex, incoming, tried)
                 return
             state.metrics.retries.inc((backend.name, reason))
             log.info(
@@ -228,7 +239,7 @@ class Relay:
                 ex.method,
                 backend.url + ex.path,
                 incoming.body,
-                _upstream_headers(backend.auth_headers),
+                upstream_headers(backend.auth_headers),
                 limits.header_s,
             )
             status = upstream.status
@@ -290,11 +301,11 @@ class Relay:
             )
             limits_config = state.config.limits
             max_event = limits_config.max_event_bytes
-            stream = (
-                EventStreamRelay(ex.route, incoming.extras, ex.started, max_event)
-                if ex.route in EVENT_APIS
-                else StreamRelay(incoming.extras, ex.started, max_event)
-            )
+            stream = _stream_relay(ex, incoming, max_event)
+            mig = ex.migration
+            if mig is not None and mig.refusal is None:  # a drain moves it at its deadline
+                holds, after_s = state.pool.holds, state.config.migration.drain_s
+                ex.reply.move_check = partial(move_due, mig, holds, ex.backend, after_s)
             await ex.reply.send_stream(
                 upstream, stream, ex.headers(), clock, limits_config.client_stall_s
             )
@@ -338,16 +349,25 @@ class Relay:
             log.exception("policy_observe_failed", policy=ex.policy.name)
 
 
+def _stream_relay(ex: Exchange, incoming: Incoming, max_event: int | None) -> StreamRelay:
+    """The relay of a stream's events: one that keeps what a migration needs only for a
+    request that may move, one that rewrites the events of a continuation."""
+    mig = ex.migration
+    if ex.route in EVENT_APIS:
+        return EventStreamRelay(ex.route, incoming.extras, ex.started, max_event)
+    if mig is None:
+        return StreamRelay(incoming.extras, ex.started, max_event)
+    if mig.moves == 0:
+        return Tap(mig, incoming.extras, ex.started, max_event)
+    return Continued(mig, mig.relayed, incoming.extras, ex.started, max_event)
+
+
 def _verdict(exc: UpstreamFailure) -> bool | Stalled | BadReply | None:
     """A failed attempt's verdict on its backend: a reply too large for the proxy is no fault
     of the backend's."""
     if isinstance(exc, Stalled | BadReply):
         return exc
-    return None if isinstance(exc, ReplyTooLarge) else False
-
-
-def _upstream_headers(auth: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(b"content-type", b"application/json"), (b"accept", b"*/*"), *auth]
+    return None if isinstance(exc, ReplyTooLarge | Moved) else False
 
 
 def _client_left(task: asyncio.Task[Any], reply: Reply) -> None:

@@ -29,6 +29,7 @@ from specroute.proxy.bodies import BODY_MEMORY_FULL
 from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
 from specroute.proxy.fields import Extras
 from specroute.proxy.intake import Send
+from specroute.proxy.migrate import Moved
 from specroute.proxy.stalls import HEARTBEAT, ClientTransport, SendWatch, StreamClock
 
 __all__ = ["Reply", "shutting_down"]
@@ -56,8 +57,11 @@ class Reply:
         "ending",
         "error",
         "finished",
+        "held",
         "meter",
+        "move_check",
         "render_error",
+        "resumable",
         "status",
         "stream",
         "transport",
@@ -78,6 +82,12 @@ class Reply:
         self.finished = False
         self.client_gone = False
         self.ending = False  # the proxy is shutting down and ends this reply itself
+        self.resumable = False
+        """A stream that fails is not ended here: its error tail is `held` for the relay,
+        which moves the request to another backend or ends it (`end_held`)."""
+        self.held: bytes | None = None
+        self.move_check: Callable[[], bool] | None = None
+        """Asked between reads of a stream that may move: True ends the read (`Moved`)."""
         self.meter = ReplyMeter()
         self.stream: StreamRelay | None = None
         self.render_error: Callable[[SpecrouteError], bytes] = error_body
@@ -146,9 +156,12 @@ class Reply:
         """Headers go out with the first event, so a backend that fails during prefill is
         still retried invisibly, unless the first token takes `heartbeat_s`: then they go out
         with a heartbeat. After that, failures end the stream with an error event (in the
-        stream's own format: `stream.error_tail`)."""
+        stream's own format: `stream.error_tail`), or hold it (`resumable`) for a move; a
+        continuation's stream goes on under the headers already sent."""
         self.stream = stream
-        self._head = [(b"content-type", upstream.content_type), *headers]
+        self.held = None
+        if not self.committed:
+            self._head = [(b"content-type", upstream.content_type), *headers]
         self._stall_s = stall_s
         tail = b""
         try:
@@ -160,6 +173,8 @@ class Reply:
             if self.committed:
                 self.error = str(exc)
                 tail = stream.error_tail(_stream_failure(exc))
+                if self.resumable:
+                    self.held, tail = tail, b""
             raise
         except asyncio.CancelledError:
             if self._watch is not None and self._watch.stalled:  # nothing more can reach it
@@ -172,10 +187,20 @@ class Reply:
         finally:
             if self._watch is not None:
                 self._watch.close()
-            if self.committed:
+                self._watch = None
+            if self.committed and self.held is None:
                 self.finished = True
                 if not self.client_gone:
                     await self._send({"type": "http.response.body", "body": tail})
+
+    async def end_held(self) -> None:
+        """End a stream whose tail was held for a migration that did not happen."""
+        tail, self.held = self.held, None
+        if tail is None:
+            return
+        self.finished = True
+        if not self.client_gone:
+            await self._send({"type": "http.response.body", "body": tail})
 
     async def _relay(
         self, relay: StreamRelay, upstream: UpstreamResponse, clock: StreamClock
@@ -188,7 +213,10 @@ class Reply:
         watch = self._watch
         heard = said = time.perf_counter()  # the last event from the backend, to the client
         wait, between = clock.first_wait(), clock.gap_wait()
+        move = self.move_check
         while True:
+            if move is not None and move():
+                raise Moved("the backend is draining: the stream moves to another backend")
             try:
                 data = await upstream.next_chunk(wait)
             except TimedOut:
@@ -233,13 +261,15 @@ class Reply:
         return max(_TICK_S, min(heard + limit, said + clock.heartbeat_s) - now), said
 
     async def _commit(self) -> SendWatch:
-        """The stream's headers go out; from now on its client's reading pace is watched."""
+        """The stream's headers go out (unless a migrated stream's went out already); from now
+        on its client's reading pace is watched."""
         task = asyncio.current_task()
         assert task is not None
-        self.status = 200
-        self.committed = True
         watch = self._watch = SendWatch(task, self._stall_s, self.transport)
-        await self._send({"type": "http.response.start", "status": 200, "headers": self._head})
+        if not self.committed:
+            self.status = 200
+            self.committed = True
+            await self._send({"type": "http.response.start", "status": 200, "headers": self._head})
         return watch
 
     async def send_error(self, exc: SpecrouteError, headers: Headers) -> None:
