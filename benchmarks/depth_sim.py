@@ -48,7 +48,7 @@ _SETTLE_YIELDS = 8
 
 
 @dataclass
-class Slot:
+class SimServer:
     """A server's configuration, where it is in a restart, and the proxy's hold on it."""
 
     setting: Setting
@@ -80,7 +80,7 @@ class DepthSim(PoolSim):
         configs = adaptive_configs().values()
         self.configs = {setting_of(c).tiers: c for c in configs}
         self.seed = seed
-        self.slots = [Slot(s) for s in spec.settings]
+        self.slots = [SimServer(s) for s in spec.settings]
         self.nodes = [Node(f"b{i}", self._engine(s, i)) for i, s in enumerate(spec.settings)]
         self.startup_s = self.profile.startup_s if startup_s is None else startup_s
         self.drain_limit_s = drain_limit_s

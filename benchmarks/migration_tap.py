@@ -1,4 +1,4 @@
-"""What keeping a stream movable costs: the proxy's event relay (`StreamRelay`) against the one
+"""What keeping a stream movable costs: the proxy's event relay (`EventFilter`) against the one
 a request that may move is relayed through (`migrate.Tap`, which keeps each content delta), on
 SGLang-shaped chat chunks, one event per feed as a speculative stream delivers them.
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.chunks import EventFilter
 from specroute.proxy.continued import Tap
 from specroute.proxy.fields import Extras
 from specroute.proxy.migrate import Migration
@@ -24,7 +24,7 @@ CHUNK = (
 BODY = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 
 
-def per_event_ns(relay: StreamRelay, events: int) -> float:
+def per_event_ns(relay: EventFilter, events: int) -> float:
     feed = relay.feed
     start = time.perf_counter()
     for _ in range(events):
@@ -39,11 +39,11 @@ def main() -> None:
     args = parser.parse_args()
     plain, tapped = [], []
     for _ in range(args.repeats):
-        plain.append(per_event_ns(StreamRelay(Extras(), 0.0), args.events))
+        plain.append(per_event_ns(EventFilter(Extras(), 0.0), args.events))
         tapped.append(per_event_ns(Tap(Migration("chat", BODY, 1), Extras(), 0.0), args.events))
     best_plain, best_tap = min(plain), min(tapped)
     print(f"events per run: {args.events}, best of {args.repeats}")
-    print(f"StreamRelay.feed: {best_plain:8.0f} ns/event")
+    print(f"EventFilter.feed: {best_plain:8.0f} ns/event")
     print(f"Tap.feed:         {best_tap:8.0f} ns/event (+{best_tap - best_plain:.0f} ns)")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Protocol
 
-__all__ = ["Subcommands", "UsageError", "parse_ints"]
+__all__ = ["Subcommands", "UsageError", "int_list", "parse_ints"]
 
 
 class UsageError(ValueError):
@@ -23,6 +23,15 @@ def parse_ints(text: str, flag: str, *, minimum: int | None = None) -> tuple[int
     if minimum is not None and any(v < minimum for v in values):
         raise UsageError(f"{flag} needs integers >= {minimum}, not {text!r}")
     return values
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """argparse `type=` for a list of counts (`-c 1,4,16`): integers >= 1; argparse names the
+    flag in its error."""
+    try:
+        return parse_ints(text, "the value", minimum=1)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 class Subcommands(Protocol):

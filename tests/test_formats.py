@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from specroute.errors import StreamInterruptedError
 from specroute.proxy.chunks import ReplyMeter
 from specroute.proxy.fields import Extras
-from specroute.proxy.formats import EventStreamRelay, measure_whole, render_error
+from specroute.proxy.formats import ApiEventFilter, measure_whole, render_error
 
 
 def _named(kind: str, **data: object) -> bytes:
@@ -58,7 +58,7 @@ def _messages(deltas: int) -> bytes:
 )
 def test_a_stream_split_anywhere_reads_the_same(api: str, deltas: int, cuts: list[int]) -> None:
     whole = _responses(deltas) if api == "responses" else _messages(deltas)
-    relay = EventStreamRelay(api, Extras(), started=0.0)
+    relay = ApiEventFilter(api, Extras(), started=0.0)
     points = sorted({min(c, len(whole)) for c in cuts} | {0, len(whole)})
     out = b"".join(
         relay.feed(whole[a:b], float(i)) for i, (a, b) in enumerate(itertools.pairwise(points))
@@ -75,13 +75,13 @@ def test_a_stream_split_anywhere_reads_the_same(api: str, deltas: int, cuts: lis
 
 
 def test_a_stream_without_its_last_event_has_not_ended() -> None:
-    relay = EventStreamRelay("messages", Extras(), started=0.0)
+    relay = ApiEventFilter("messages", Extras(), started=0.0)
     relay.feed(_messages(2).rsplit(b"event: message_stop", 1)[0], 1.0)
     assert not relay.saw_done
 
 
 def test_error_events_and_bodies_are_in_each_apis_own_shape() -> None:
-    relay = EventStreamRelay("responses", Extras(), started=0.0)
+    relay = ApiEventFilter("responses", Extras(), started=0.0)
     relay.feed(_responses(1).split(b"event: response.completed")[0], 1.0)
     tail = relay.error_tail(StreamInterruptedError("backend went away"))
     assert tail.startswith(b"event: error\ndata: ")

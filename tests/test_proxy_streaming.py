@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from specroute.config import LearnConfig
 from specroute.errors import BadRequestError
-from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.chunks import EventFilter, ReplyMeter, strip_reply
 from specroute.proxy.fields import Extras, decode_fields, route_request, upstream_body
 
 
@@ -46,8 +46,8 @@ DONE = b"data: [DONE]\n\n"
 STREAM = b"".join([*CONTENT, SGLEXT, USAGE, DONE])
 
 
-def _relay(pieces: list[bytes], extras: Extras) -> tuple[bytes, StreamRelay]:
-    relay = StreamRelay(extras, started=0.0)
+def _relay(pieces: list[bytes], extras: Extras) -> tuple[bytes, EventFilter]:
+    relay = EventFilter(extras, started=0.0)
     out = b"".join(relay.feed(p, float(i)) for i, p in enumerate(pieces)) + relay.rest()
     return out, relay
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
-from specroute.cmdline import Subcommands
+from specroute.cmdline import Subcommands, int_list
 from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 
@@ -30,10 +30,6 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
 
 
 def _floats(text: str) -> list[float]:
@@ -106,8 +102,8 @@ def _add_sweep(sub: Any) -> None:
     p.add_argument(
         "-c",
         "--concurrency",
-        type=_ints,
-        default=[1, 4, 16, 32, 64],
+        type=int_list,
+        default=(1, 4, 16, 32, 64),
         help="closed-loop levels: users in flight, comma-separated",
     )
     p.add_argument(
@@ -185,7 +181,7 @@ def _sweep_settings(args: argparse.Namespace) -> Any:
     )
     return SweepSettings(
         targets=[parse_target(t, i) for i, t in enumerate(args.targets)],
-        concurrency=args.concurrency,
+        concurrency=list(args.concurrency),
         rates=args.rates,
         max_concurrency=args.max_concurrency,
         requests=args.requests,

@@ -35,7 +35,7 @@ from specroute.proxy.dashboard import Dashboard
 from specroute.proxy.info import model_list, pool_info, proxied_info, server_info
 from specroute.proxy.keyless import KeylessGate
 from specroute.proxy.openapi import openapi_config, relay_docs
-from specroute.proxy.plan import PlanBoard, PlanGauges, plan_handlers
+from specroute.proxy.plan_routes import PlanBoard, PlanGauges, plan_handlers
 from specroute.proxy.relay import Receive, Relay, Scope, Send
 from specroute.proxy.routes import FORWARDED, GENERATION, find_route
 from specroute.proxy.state import ProxyState

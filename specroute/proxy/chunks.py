@@ -13,7 +13,7 @@ from specroute.pool import BadReply, StreamBroken
 from specroute.proxy.fields import Extras
 from specroute.sse import DONE, EventTooLarge, SSESplitter
 
-__all__ = ["ReplyMeter", "StreamRelay", "strip_reply"]
+__all__ = ["EventFilter", "ReplyMeter", "strip_reply"]
 
 
 class Usage(msgspec.Struct):
@@ -98,7 +98,7 @@ def _interesting(payload: bytes) -> bool:
     )
 
 
-class StreamRelay:
+class EventFilter:
     """Feed upstream bytes; get back the bytes to forward (whole events only). `events`
     counts the complete events with data (comments prove nothing of the backend's progress);
     one growing past `max_event_bytes` unfinished is a BadReply."""

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from specroute.pool import BadReply
-from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.chunks import EventFilter
 from specroute.proxy.fields import Extras
 from specroute.proxy.migrate import Migration, NativeEvent
 from specroute.sse import DONE, EventTooLarge
@@ -21,7 +21,7 @@ _ANY = msgspec.json.Decoder(dict[str, Any])
 _encode = msgspec.json.Encoder().encode
 
 
-class Tap(StreamRelay):
+class Tap(EventFilter):
     """A stream relay that also keeps what a migration needs of each event it relays."""
 
     __slots__ = ("migration",)

@@ -13,12 +13,12 @@ import msgspec
 
 from specroute.errors import SpecrouteError, error_body
 from specroute.pool import StreamBroken
-from specroute.proxy.chunks import ReplyMeter, StreamRelay
+from specroute.proxy.chunks import EventFilter, ReplyMeter
 from specroute.proxy.fields import Extras
 
 __all__ = [
     "EVENT_APIS",
-    "EventStreamRelay",
+    "ApiEventFilter",
     "anthropic_error_body",
     "measure_whole",
     "render_error",
@@ -107,7 +107,7 @@ def measure_whole(body: bytes, meter: ReplyMeter) -> None:
     meter.response_id = whole.id
 
 
-class EventStreamRelay(StreamRelay):
+class ApiEventFilter(EventFilter):
     """A Responses or Messages stream: every event goes on as it came; tokens, the response id
     and errors are read from it, and it has ended at its terminal event.
 

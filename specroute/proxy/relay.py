@@ -34,10 +34,10 @@ from specroute.pool import (
     UpstreamResponse,
     attempt_limits,
 )
-from specroute.proxy.chunks import StreamRelay
+from specroute.proxy.chunks import EventFilter
 from specroute.proxy.continued import Continued, Tap
 from specroute.proxy.exchange import Exchange
-from specroute.proxy.formats import EVENT_APIS, EventStreamRelay, measure_whole, render_error
+from specroute.proxy.formats import EVENT_APIS, ApiEventFilter, measure_whole, render_error
 from specroute.proxy.intake import (
     ClientGone,
     Incoming,
@@ -349,14 +349,14 @@ class Relay:
             log.exception("policy_observe_failed", policy=ex.policy.name)
 
 
-def _stream_relay(ex: Exchange, incoming: Incoming, max_event: int | None) -> StreamRelay:
+def _stream_relay(ex: Exchange, incoming: Incoming, max_event: int | None) -> EventFilter:
     """The relay of a stream's events: one that keeps what a migration needs only for a
     request that may move, one that rewrites the events of a continuation."""
     mig = ex.migration
     if ex.route in EVENT_APIS:
-        return EventStreamRelay(ex.route, incoming.extras, ex.started, max_event)
+        return ApiEventFilter(ex.route, incoming.extras, ex.started, max_event)
     if mig is None:
-        return StreamRelay(incoming.extras, ex.started, max_event)
+        return EventFilter(incoming.extras, ex.started, max_event)
     if mig.moves == 0:
         return Tap(mig, incoming.extras, ex.started, max_event)
     return Continued(mig, mig.relayed, incoming.extras, ex.started, max_event)

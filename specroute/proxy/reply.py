@@ -26,7 +26,7 @@ from specroute.pool import (
     UpstreamResponse,
 )
 from specroute.proxy.bodies import BODY_MEMORY_FULL
-from specroute.proxy.chunks import ReplyMeter, StreamRelay, strip_reply
+from specroute.proxy.chunks import EventFilter, ReplyMeter, strip_reply
 from specroute.proxy.fields import Extras
 from specroute.proxy.intake import Send
 from specroute.proxy.migrate import Moved
@@ -89,7 +89,7 @@ class Reply:
         self.move_check: Callable[[], bool] | None = None
         """Asked between reads of a stream that may move: True ends the read (`Moved`)."""
         self.meter = ReplyMeter()
-        self.stream: StreamRelay | None = None
+        self.stream: EventFilter | None = None
         self.render_error: Callable[[SpecrouteError], bytes] = error_body
         """A whole error's body, in the shape the route's clients parse."""
 
@@ -148,7 +148,7 @@ class Reply:
     async def send_stream(
         self,
         upstream: UpstreamResponse,
-        stream: StreamRelay,
+        stream: EventFilter,
         headers: Headers,
         clock: StreamClock,
         stall_s: float,
@@ -203,7 +203,7 @@ class Reply:
             await self._send({"type": "http.response.body", "body": tail})
 
     async def _relay(
-        self, relay: StreamRelay, upstream: UpstreamResponse, clock: StreamClock
+        self, relay: EventFilter, upstream: UpstreamResponse, clock: StreamClock
     ) -> None:
         """Each chunk's whole events to the client as soon as they are in. The stall clock
         runs from the last complete event, not the last byte: a backend that trickles bytes
@@ -241,7 +241,7 @@ class Reply:
             watch = self._watch
 
     async def _quiet(
-        self, relay: StreamRelay, clock: StreamClock, heard: float, said: float
+        self, relay: EventFilter, clock: StreamClock, heard: float, said: float
     ) -> tuple[float, float]:
         """No event since `heard`, nothing to the client since `said`: Stalled past the
         limit, else a heartbeat if one is due (the headers first, if they are not out).

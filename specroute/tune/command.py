@@ -17,7 +17,7 @@ import msgspec
 
 from specroute.bench.dataset import DatasetError, read_prompts
 from specroute.bench.workload import PromptSettings
-from specroute.cmdline import Subcommands, UsageError, parse_ints
+from specroute.cmdline import Subcommands, int_list
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
 from specroute.helpformat import DefaultsHelp
 from specroute.launch.argv import PlanError
@@ -56,13 +56,6 @@ PROMPT_LIMIT = 2000
 """Prompts taken from the start of --dataset (a sweep reuses them in turn)."""
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return parse_ints(text, "--concurrency", minimum=1)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _floats(text: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
@@ -85,7 +78,7 @@ def register(subparsers: Subcommands) -> None:
     add("--host", dest="server_host", help=argparse.SUPPRESS)  # before --server-host existed
     add("--adaptive", action="store_true", help="also measure an SGLang-adaptive server")
     add("--adaptive-config", default=None, metavar="JSON", help="its --speculative-adaptive-config")
-    add("--concurrency", type=_ints, default=(1, 4, 16, 32, 64), help="comma-separated levels")
+    add("--concurrency", type=int_list, default=(1, 4, 16, 32, 64), help="comma-separated levels")
     add("--temperature", type=_floats, default=[0.0, 1.0],
         help="one traffic kind per value: 0 is greedy (the seed's upper bound), 1 SGLang's default")
     add("--top-p", type=float, default=1.0)
