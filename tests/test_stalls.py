@@ -38,6 +38,8 @@ idle_s = 60.0
 heartbeat_s = 1.0
 [breaker]
 open_s = 60.0
+[migration]
+max_moves = 0  # the stall's own error event; tests/test_migration.py moves stalled streams
 """
 
 
