@@ -112,6 +112,29 @@ def test_stall_keeps_the_connection_open_but_sends_nothing_more() -> None:
         assert client.get("/health").status_code == 200
 
 
+def test_exit_mid_stream_ends_a_non_streamed_request_after_n_tokens_unanswered() -> None:
+    with (
+        start_emulator(3, "--exit-mid-stream-after-tokens", "5", *FAST) as server,
+        httpx.Client(base_url=server.url, timeout=10) as client,
+    ):
+        with pytest.raises(httpx.TransportError):
+            client.post("/v1/chat/completions", json=chat_body(stream=False))
+        assert server.process.wait(timeout=10) == EXIT_STATUS
+
+
+def test_stall_never_answers_a_non_streamed_request_but_stays_up() -> None:
+    with (
+        start_emulator(3, "--stall-after-tokens", "4", *FAST) as server,
+        httpx.Client(base_url=server.url, timeout=httpx.Timeout(10, read=1.0)) as client,
+    ):
+        short = client.post("/v1/chat/completions", json=chat_body(3, stream=False))
+        assert short.status_code == 200  # done before the limit: answered
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/v1/chat/completions", json=chat_body(stream=False))
+        assert server.process.poll() is None
+        assert client.get("/health").status_code == 200
+
+
 def test_not_ready_for_answers_503_then_becomes_ready() -> None:
     with (
         start_emulator(1, "--not-ready-for", "1.5", *FAST, ready_path=None) as server,

@@ -119,9 +119,11 @@ def _fault_flags(group: argparse._ArgumentGroup) -> None:
     add("--exit-after-requests", type=int, default=None, metavar="N",
         help=f"exit hard (status {EXIT_STATUS}) on receiving generation request N+1")
     add("--exit-mid-stream-after-tokens", type=int, default=None, metavar="N",
-        help=f"exit hard (status {EXIT_STATUS}) once a stream has sent N tokens")
+        help=f"exit hard (status {EXIT_STATUS}) once a stream has sent N tokens "
+        "(a non-streamed request: once it has generated N)")
     add("--stall-after-tokens", type=int, default=None, metavar="N",
-        help="streams go silent after N tokens but keep the connection open")
+        help="streams go silent after N tokens but keep the connection open "
+        "(a non-streamed request is never answered)")
     add("--not-ready-for", type=float, default=0.0, metavar="SECONDS",
         help="/ready (and /health) answer 503 this long after start")
     add("--malformed-sse-rate", type=float, default=0.0, metavar="F",

@@ -62,7 +62,8 @@ class Faults:
 
     @property
     def stream_limit(self) -> int | None:
-        """Tokens a stream may send before `--exit-mid-stream...` or `--stall...` acts."""
+        """Tokens a stream may send (a non-streamed request generate) before
+        `--exit-mid-stream...` or `--stall...` acts."""
         limits = [
             n
             for n in (self.options.exit_mid_stream_after_tokens, self.options.stall_after_tokens)

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -272,23 +272,25 @@ class Emulator:
     ) -> Response[bytes]:
         """Wait for a non-streaming job; a client that hangs up aborts it."""
         try:
-            if not await _finished_or_gone(job, request.receive):
+            if not await _finished_or_gone(self.responder.finished(job), request.receive):
                 return Response(content=b"", status_code=CLIENT_GONE)
             return json_response(body())
         finally:
             self.driver.release(job)
 
 
-async def _finished_or_gone(job: Job, receive: Receive) -> bool:
+async def _finished_or_gone(job_finished: Awaitable[bool], receive: Receive) -> bool:
+    """Whether the job finished (`job_finished` says True) before its client hung up."""
+
     async def gone() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    finished = asyncio.ensure_future(job.wait_finished())
+    finished = asyncio.ensure_future(job_finished)
     watcher = asyncio.ensure_future(gone())
     try:
         done, _ = await asyncio.wait((finished, watcher), return_when=asyncio.FIRST_COMPLETED)
-        return finished in done
+        return finished in done and finished.result()
     finally:
         finished.cancel()
         watcher.cancel()

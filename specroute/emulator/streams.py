@@ -139,6 +139,20 @@ class Responder:
             if job.done:
                 return
 
+    async def finished(self, job: Job) -> bool:
+        """Wait for a non-streamed job to finish, running the stream faults on it too: once it
+        has generated `stream_limit` tokens, exit or stall; False when a stall ends because
+        the server shuts down."""
+        limit = self.faults.stream_limit
+        while True:
+            await job.next()
+            if limit is not None and job.produced >= limit:
+                self.faults.limit_reached(limit)
+                await self.driver.closing.wait()  # stalled: no answer until shutdown
+                return False
+            if job.done:
+                return True
+
     async def chat_stream(self, reply: Reply) -> AsyncIterator[bytes]:
         job, source = reply.job, reply.source
         head = (
