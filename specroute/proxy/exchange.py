@@ -16,6 +16,7 @@ from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.migrate import Migration
 from specroute.proxy.reply import Reply
 from specroute.proxy.request_log import RequestLogSampler
+from specroute.proxy.resend import Resend
 
 __all__ = ["Exchange"]
 
@@ -44,6 +45,7 @@ class Exchange:
         self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
         self.migration: Migration | None = None  # a stream that may move if its backend fails
+        self.resend: Resend | None = None  # a non-streamed request that may move
 
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
         self.attempts += 1

@@ -54,6 +54,7 @@ from specroute.proxy.intake import (
 from specroute.proxy.migrate import MIGRATING_ROUTES, Migration, Moved, move_due
 from specroute.proxy.moving import Mover, upstream_headers
 from specroute.proxy.reply import Reply, shutting_down
+from specroute.proxy.resend import RESENT, Resend, Resender, unless_drained
 from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
@@ -84,6 +85,7 @@ class Relay:
         self._idle: asyncio.Event | None = None  # set when draining and nothing is left open
         self.homes = ResponseHomes()
         self._mover = Mover(state, self._attempt)
+        self._resender = Resender(state.metrics)
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
@@ -162,10 +164,14 @@ class Relay:
         tried: list[str] = []
         home = None if incoming.continues is None else await self._home(incoming.continues)
         limit = state.config.migration.max_moves
-        if limit and request.stream and ex.route in MIGRATING_ROUTES:
-            ex.migration = Migration(ex.route, incoming.body, limit)
-            ex.reply.resumable = True
-        for attempt in range(1, retry.max_attempts + 1):
+        if limit and ex.route in MIGRATING_ROUTES:
+            if request.stream:
+                ex.migration = Migration(ex.route, incoming.body, limit)
+                ex.reply.resumable = True
+            else:  # the client sees nothing before the end: the whole request may move
+                ex.resend = Resend(limit, ex.started, state.config.timeouts.reply_s)
+        attempt = 1
+        while attempt <= retry.max_attempts:
             if home is not None:  # the stored response is there and nowhere else: no retry
                 lease = state.pool.lease(home)
                 decision = Decision(backend=home.name, reason="stored response lives here")
@@ -175,10 +181,12 @@ class Relay:
                 except NoHealthyBackendError:
                     if ex.failure is None:
                         raise
+                    self._resender.settle(ex.request_id, ex.resend, None)
                     # The failure that took the last backend out says more than "none left".
                     raise attempt_error(*ex.failure) from ex.failure[1]
             backend = lease.backend
             ex.begin_attempt(lease, decision)
+            self._resender.settle(ex.request_id, ex.resend, backend.name)
             state.decisions.record(
                 ex.request_id,
                 request.workload_class,
@@ -195,11 +203,14 @@ class Relay:
                 if ex.reply.held is not None:  # failed mid-stream: move it, or end it
                     await self._mover.migrate(ex, incoming, tried)
                 return
+            if reason == RESENT:  # a move, not a retry: its own bound (`migration.max_moves`)
+                continue
             state.metrics.retries.inc((backend.name, reason))
             log.info(
                 "upstream_retried", request_id=ex.request_id, backend=backend.name, reason=reason
             )
             await asyncio.sleep(min(retry.backoff_s * 2 ** (attempt - 1), retry.backoff_max_s))
+            attempt += 1
 
     async def _home(self, response_id: str) -> Backend:
         """The backend that stores `response_id`: remembered, else found by asking; an
@@ -234,14 +245,20 @@ class Relay:
             incoming.request,
             len(incoming.body),
         )
+        if ex.resend is not None:
+            limits = ex.resend.bound(limits)
         try:
-            upstream = await state.client.send(
+            sending = state.client.send(
                 ex.method,
                 backend.url + ex.path,
                 incoming.body,
                 upstream_headers(backend.auth_headers),
                 limits.header_s,
             )
+            if ex.resend is not None:  # its reply's headers come with its end
+                after_s = state.config.migration.drain_s
+                sending = unless_drained(sending, state.pool.holds, backend.name, after_s)
+            upstream = await sending
             status = upstream.status
             if not ex.generates and status < 500:  # the backend's own answer, as it came
                 verdict = status < 400 or status == 404
@@ -271,6 +288,12 @@ class Relay:
             ex.failure = (backend.name, exc)
             if ex.reply.committed:
                 return None
+            if ex.resend is not None:
+                moves = self._resender.failed(ex.request_id, ex.resend, backend.name, exc)
+                if moves is not None:
+                    if moves:
+                        return RESENT
+                    raise attempt_error(backend.name, exc) from exc
             if not last and not isinstance(exc, ReplyTooLarge):
                 return type(exc).__name__  # the client has nothing yet: another may answer
             raise attempt_error(backend.name, exc) from exc
