@@ -151,7 +151,8 @@ class TimeoutConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=T
     idle_s: Positive = 120.0
     """The longest silence inside a stream, however slow its backend has been."""
     reply_s: Positive = 3600.0
-    """The longest a non-streamed reply may take, however large its `max_tokens`."""
+    """The longest a non-streamed reply may take, however large its `max_tokens`; a request
+    moved to another backend (`migration`) gets what is left of it."""
     heartbeat_s: Interval = 5.0
     """A stream quiet this long gets an SSE comment (`: keep-alive`), and then again."""
     margin: Annotated[float, msgspec.Meta(ge=1)] = 4.0
@@ -178,13 +179,15 @@ class RetryConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class MigrationConfig(_Section, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Streamed chat and completions replies that move to another backend mid-way: the text
-    relayed so far is continued there, into the same client stream."""
+    """Chat, completions and `/generate` requests that move to another backend when theirs
+    fails or drains mid-way: a stream's text so far is continued there, into the same client
+    stream; a non-streamed request, of which the client has seen nothing, is sent again."""
 
     max_moves: Annotated[int, msgspec.Meta(ge=0)] = 1
-    """Times one request may move when its backend fails mid-stream; 0 turns migration off."""
+    """Times one request may move when its backend fails mid-way; 0 turns migration off (a
+    non-streamed request is then retried from the start under `retry.max_attempts`)."""
     drain_s: NonNegative = 2.0
-    """Seconds a draining backend's streams may run on before they move to another backend
+    """Seconds a draining backend's requests may run on before they move to another backend
     (the launcher's `--drain` stays the limit for streams that cannot move)."""
 
 

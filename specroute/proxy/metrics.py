@@ -164,10 +164,11 @@ class ProxyMetrics:
         self.migrations = Counter(
             r,
             "specroute_migrations_total",
-            "Streams whose backend failed after the client's first byte, by cause (interrupted, "
-            "stalled, bad_reply) and outcome (moved: continued on another backend; failed: the "
-            "continuation could not start; refused: the request cannot be continued exactly; "
-            "limit, no_backend, no_budget).",
+            "Requests whose backend failed after taking them (a stream: after the client's "
+            "first byte) or drained, by cause (interrupted, stalled, bad_reply, drain) and "
+            "outcome (moved: continued, or a non-streamed request sent again, on another "
+            "backend; failed: the continuation could not start; refused: the request cannot be "
+            "continued exactly; limit, no_backend, no_budget).",
             ("cause", "outcome"),
         )
 

@@ -1,7 +1,8 @@
 """The relay: one ASGI handler for the proxied routes, a request's life top to bottom. It reads
 the request (`intake`), binds the current policy to it, routes it, forwards the client's bytes,
 retries failures that happen before the first byte reaches the client, moves a stream that
-fails after it (or whose backend drains) to another backend (`moving`), hands the reply over
+fails after it (or whose backend drains) to another backend (`moving`), sends a non-streamed
+request whose backend fails after taking it (or drains) to another (`resend`), hands the reply over
 (`reply`, within the limits `pool.deadlines` fits to the request and its backend), and keeps
 the request's record: one log line, its metrics, an `Outcome` per attempt, and the breaker of a
 backend that stalled or answered what the route does not promise."""
