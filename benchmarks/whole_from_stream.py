@@ -1,8 +1,9 @@
 """Why a non-streamed request moves by being resent (`proxy/resend.py`): what the proxy would
 spend per request to assemble a non-streamed reply from a stream it asked for instead (the
 relay a movable stream goes through, `continued.Tap`, over each event, then the text joined),
-against what it spends on the whole body today (`chunks.strip_reply`). SGLang-shaped chat
-events, `--tokens-per-event` tokens each as a speculative server sends them.
+against what it spends on the whole body today (`chunks.strip_reply`), and what resending
+adds to each request that may move (`resend.DrainWatch`, around its wait).
+SGLang-shaped chat events, `--tokens-per-event` tokens each as a speculative server sends them.
 
     python benchmarks/whole_from_stream.py --tokens 1024 --tokens-per-event 1,4
 """
@@ -10,14 +11,17 @@ events, `--tokens-per-event` tokens each as a speculative server sends them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 
 from specroute.cmdline import int_list
+from specroute.pool import Holds
 from specroute.proxy.chunks import ReplyMeter, strip_reply
 from specroute.proxy.continued import Tap
 from specroute.proxy.fields import Extras
 from specroute.proxy.migrate import Migration
+from specroute.proxy.resend import DrainWatch
 
 REQUEST = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
 ENVELOPE = {"id": "0123456789abcdef0123456789abcdef", "created": 1764626000,
@@ -70,6 +74,27 @@ def whole_us(body: bytes, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1e6
 
 
+async def _answered() -> bytes:
+    return b""
+
+
+async def _watched_us(repeats: int, watched: bool) -> float:
+    watch = DrainWatch(Holds(), 2.0)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        if watched:
+            await watch.wait(_answered(), "a")
+        else:
+            await _answered()
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
+def watch_us(repeats: int) -> float:
+    """Per request: what the drain watch adds to a wait on a backend that is not draining."""
+    bare = asyncio.run(_watched_us(repeats, False))
+    return asyncio.run(_watched_us(repeats, True)) - bare
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024, help="tokens in the answer")
@@ -86,6 +111,8 @@ def main() -> None:
         built = min(assembled_us(events, args.repeats) for _ in range(args.best_of))
         label = f"assembled from {len(events) - 1} events ({per_event}/event):"
         print(f"{label:40s} {built:9.1f} us/request (+{built - whole:.1f})")
+    watch = min(watch_us(args.repeats * 50) for _ in range(args.best_of))
+    print(f"resend's drain watch:                    +{watch:8.1f} us/request")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ from specroute.proxy.intake import (
 from specroute.proxy.migrate import MIGRATING_ROUTES, Migration, Moved, move_due
 from specroute.proxy.moving import Mover, upstream_headers
 from specroute.proxy.reply import Reply, shutting_down
-from specroute.proxy.resend import RESENT, Resend, Resender, unless_drained
+from specroute.proxy.resend import RESENT, DrainWatch, Resend, Resender
 from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
@@ -87,6 +87,7 @@ class Relay:
         self.homes = ResponseHomes()
         self._mover = Mover(state, self._attempt)
         self._resender = Resender(state.metrics)
+        self._drain_watch = DrainWatch(state.pool.holds, state.config.migration.drain_s)
 
     async def drain(self, grace_s: float) -> None:
         """Refuse new requests; let those in flight run up to `grace_s` seconds, then end the
@@ -257,8 +258,7 @@ class Relay:
                 limits.header_s,
             )
             if ex.resend is not None:  # its reply's headers come with its end
-                after_s = state.config.migration.drain_s
-                sending = unless_drained(sending, state.pool.holds, backend.name, after_s)
+                sending = self._drain_watch.wait(sending, backend.name)
             upstream = await sending
             status = upstream.status
             if not ex.generates and status < 500:  # the backend's own answer, as it came

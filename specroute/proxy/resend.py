@@ -7,10 +7,11 @@ backend, within what is left of the request's `timeouts.reply_s`.
 Resending, not continuing: a non-streamed reply shows the proxy none of its text before it
 ends, so there is nothing to continue from. Asking the backend for a stream instead and
 assembling the reply in the proxy would let a failure continue exactly, but it would put every
-non-streamed request through the per-event relay (`python benchmarks/migration_tap.py`: about
-3.8 us an event, so 3.9 ms for a 1,024-token reply sent one token an event) and rebuild a
-reply SGLang writes itself (`serving_chat.py`'s `_build_chat_response`), to save the work lost
-in rare failures. A resent reply is the answering backend's own, usage included.
+non-streamed request through the per-event relay (`python benchmarks/whole_from_stream.py`:
+milliseconds for a 1,024-token answer, against microseconds for the whole body) and rebuild a
+reply SGLang writes itself (`_build_chat_response` in `srt/entrypoints/openai/serving_chat.py`),
+to save the work lost in rare failures. A resent reply is the answering backend's own, usage
+included.
 
 Moves are bounded as a stream's are (`migration.max_moves`, 1 by default): a request that
 brought down two backends is not sent to a third. With `max_moves = 0` a failure is retried
@@ -32,7 +33,7 @@ from specroute.pool import AttemptLimits, ConnectFailed, Holds, ReplyTooLarge, U
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.migrate import Moved, failure_cause
 
-__all__ = ["RESENT", "Resend", "Resender", "unless_drained"]
+__all__ = ["RESENT", "DrainWatch", "Resend", "Resender"]
 
 log = structlog.get_logger()
 
@@ -40,8 +41,7 @@ RESENT = "resent"
 """The reason an attempt gives when its request goes to another backend as a move."""
 
 _POLL_S = 0.25
-"""How often a request in flight looks at its backend for a drain; once the backend drains,
-the move is timed to the drain's deadline itself."""
+"""How often the requests in flight are checked for a drain past its deadline."""
 
 T = TypeVar("T")
 
@@ -141,34 +141,46 @@ class Resender:
         )
 
 
-async def unless_drained(work: Awaitable[T], holds: Holds, name: str, after_s: float) -> T:
-    """`work` (waiting on backend `name`), unless the backend has been draining for `after_s`
-    seconds first: then its wait ends with `Moved` (the request is cancelled upstream as the
-    connection closes). One timer per request, no task."""
-    loop = asyncio.get_running_loop()
-    handle: asyncio.TimerHandle | None = None
-    try:
-        async with asyncio.timeout(None) as timeout:
+class DrainWatch:
+    """Ends the wait of a non-streamed request on a backend that has been draining for
+    `after_s` seconds (`Moved`; the connection closes, so the backend drops the request).
+    One timer for all the waits, every `_POLL_S` while there are any: a wait costs a dict
+    entry and an `asyncio.timeout`, and moves at most `_POLL_S` after the drain's deadline."""
 
-            def look() -> None:
-                nonlocal handle
-                held = holds.get(name)
-                if held is None or held.state != "draining":
-                    handle = loop.call_later(_POLL_S, look)
-                    return
-                due_s = held.since + after_s - time.monotonic()
-                if due_s > 0:
-                    handle = loop.call_later(due_s, look)
-                else:
-                    timeout.reschedule(loop.time())
+    def __init__(self, holds: Holds, after_s: float) -> None:
+        self._holds = holds
+        self._after_s = after_s
+        self._waits: dict[asyncio.Timeout, str] = {}
+        self._timer: asyncio.TimerHandle | None = None
 
-            look()
-            try:
-                return await work
-            finally:
-                if handle is not None:
-                    handle.cancel()
-    except TimeoutError as exc:
-        if timeout.expired():
-            raise Moved("the backend is draining: the request moves to another backend") from exc
-        raise
+    async def wait(self, work: Awaitable[T], name: str) -> T:
+        """`work`, a wait on backend `name`, unless the backend drains past the deadline."""
+        try:
+            async with asyncio.timeout(None) as timeout:
+                self._waits[timeout] = name
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(_POLL_S, self._look)
+                try:
+                    return await work
+                finally:
+                    del self._waits[timeout]
+        except TimeoutError as exc:
+            if timeout.expired():
+                message = "the backend is draining: the request moves to another backend"
+                raise Moved(message) from exc
+            raise
+
+    def _look(self) -> None:
+        """End the waits on backends drained past the deadline; look again while any wait."""
+        self._timer = None
+        if not self._waits:
+            return
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        for timeout, name in self._waits.items():
+            held = self._holds.get(name)
+            if held is None or held.state != "draining" or timeout.when() is not None:
+                continue
+            if now - held.since >= self._after_s:
+                timeout.reschedule(loop.time())
+        self._timer = loop.call_later(_POLL_S, self._look)
