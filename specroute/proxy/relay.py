@@ -180,10 +180,10 @@ class Relay:
             else:
                 try:
                     lease, decision = await state.admission.admit(request, policy, tried)
-                except NoHealthyBackendError:
-                    if ex.failure is None:
+                except SpecrouteError as exc:
+                    self._resender.settle(ex.request_id, ex.resend, None)  # a move's: no_backend
+                    if ex.failure is None or not isinstance(exc, NoHealthyBackendError):
                         raise
-                    self._resender.settle(ex.request_id, ex.resend, None)
                     # The failure that took the last backend out says more than "none left".
                     raise attempt_error(*ex.failure) from ex.failure[1]
             backend = lease.backend
@@ -289,12 +289,11 @@ class Relay:
             ex.failure = (backend.name, exc)
             if ex.reply.committed:
                 return None
-            if ex.resend is not None:
-                moves = self._resender.failed(ex.request_id, ex.resend, backend.name, exc)
-                if moves is not None:
-                    if moves:
-                        return RESENT
-                    raise attempt_error(backend.name, exc) from exc
+            moves = self._resender.failed(ex.request_id, ex.resend, backend.name, exc)
+            if moves:
+                return RESENT
+            if moves is False:  # a move's failure with no move left
+                raise attempt_error(backend.name, exc) from exc
             if not last and not isinstance(exc, ReplyTooLarge):
                 return type(exc).__name__  # the client has nothing yet: another may answer
             raise attempt_error(backend.name, exc) from exc

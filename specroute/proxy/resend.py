@@ -93,11 +93,13 @@ class Resender:
         self._metrics = metrics
 
     def failed(
-        self, request_id: str, resend: Resend, failed_on: str, exc: UpstreamFailure
+        self, request_id: str, resend: Resend | None, failed_on: str, exc: UpstreamFailure
     ) -> bool | None:
         """After an attempt on `failed_on` failed with `exc`: True when the request moves
         (counted once it has its next backend, `settle`), False when it ends with its error
-        (counted now), None when the failure is not a move's."""
+        (counted now), None when the request cannot move or the failure is not a move's."""
+        if resend is None:
+            return None
         verdict = resend.verdict(failed_on, exc)
         if verdict is None:
             return None
