@@ -6,13 +6,14 @@ move; a request that brought down two backends ends with a clean error."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from inprocess import ADMIN, proxy
+from inprocess import ADMIN, Handler, Send, Upstream, proxy
 from servers import Server, run_server, start_emulator
 from test_migration import (
     CONFIG,
@@ -179,3 +180,67 @@ def test_a_drain_moves_its_whole_requests_and_cuts_none() -> None:
         assert reply.headers["x-specroute-backend"] == "b"
         assert reply.json()["usage"]["completion_tokens"] == LONG
     assert 'specroute_migrations_total{cause="drain",outcome="moved"} 2.0' in seen["metrics"]
+
+
+ANSWER = {"id": "chatcmpl-b", "object": "chat.completion", "created": 1, "model": MODEL,
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "from b"},
+                       "finish_reason": "stop"}],
+          "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}  # fmt: skip
+
+
+def _answers(status: int, body: bytes, length: int | None = None) -> Handler:
+    """A backend that answers every POST with `status` and `body` (`length` in its header)."""
+
+    async def handler(_: bytes, send: Send) -> None:
+        headers = [(b"content-type", b"application/json")]
+        headers.append((b"content-length", str(len(body) if length is None else length).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    return handler
+
+
+async def _first_answers(first: Handler) -> tuple[httpx.Response, dict[tuple[str, str], float]]:
+    """One non-streamed chat through a proxy whose first backend answers with `first` and
+    whose second answers well; the reply and the migrations counted."""
+    second = _answers(200, json.dumps(ANSWER).encode())
+    async with (
+        Upstream(first).running() as a,
+        Upstream(second).running() as b,
+        proxy({"a": a, "b": b}, policy="round_robin") as (url, _),
+        httpx.AsyncClient(base_url=url, timeout=30) as client,
+    ):
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4}
+        reply = await client.post("/v1/chat/completions", json=body)
+        text = (await client.get("/metrics")).text
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("specroute_migrations_total{"):
+            labels, value = line.rsplit(" ", 1)
+            cause = labels.split('cause="')[1].split('"')[0]
+            outcome = labels.split('outcome="')[1].split('"')[0]
+            counts[(cause, outcome)] = float(value)
+    return reply, counts
+
+
+@pytest.mark.parametrize(
+    ("first", "cause"),
+    [
+        (_answers(200, b'{"id": "chatcmpl-a", "choices": [{"index"'), "bad_reply"),
+        (_answers(200, b'{"id": "chatcmpl-a"', length=400), "interrupted"),
+    ],
+    ids=["not_json", "truncated"],
+)
+def test_a_broken_whole_reply_is_answered_by_another_backend(first: Handler, cause: str) -> None:
+    reply, counts = asyncio.run(_first_answers(first))
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"] == "from b"
+    assert reply.headers["x-specroute-backend"] == "b"
+    assert counts == {(cause, "moved"): 1.0}
+
+
+def test_a_5xx_is_a_retry_not_a_move() -> None:
+    reply, counts = asyncio.run(_first_answers(_answers(500, b'{"error": "boom"}')))
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-specroute-backend"] == "b"
+    assert counts == {}
