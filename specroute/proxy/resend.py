@@ -15,9 +15,9 @@ included.
 
 Moves are bounded as a stream's are (`migration.max_moves`, 1 by default): a request that
 brought down two backends is not sent to a third. With `max_moves = 0` a failure is retried
-from the start under `retry.max_attempts`, as before migration. A reply that never left (the
-connection could not be opened) is a retry, not a move; one over `limits.max_reply_bytes` ends
-with its error."""
+from the start under `retry.max_attempts`, as before migration. A request that never reached
+its backend (no connection) and a 5xx status (the backend's own answer) are retries, not
+moves; a reply over `limits.max_reply_bytes` ends with its error."""
 
 from __future__ import annotations
 
