@@ -11,9 +11,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specroute.children import bound_socket, free_port, spawn, stop, wait_ready_sync
+from specroute.children import bound_socket, spawn, stop, wait_ready_sync
 
-__all__ = ["Server", "bound_socket", "free_port", "run_server", "start_emulator"]
+__all__ = ["Server", "bound_socket", "refused_url", "run_server", "start_emulator"]
 
 
 @dataclass
@@ -28,6 +28,16 @@ class Server:
 
     def stop(self) -> None:
         stop(self.process, sig=signal.SIGINT, grace_s=10)
+
+
+@contextlib.contextmanager
+def refused_url() -> Iterator[str]:
+    """A loopback URL nothing answers: its port is bound here and never listened on, so every
+    connection is refused, and no other process can take the port while the block runs (a
+    port picked and let go could be a new server's by the time it is tried)."""
+    with socket.socket() as sock:  # no SO_REUSEADDR: nobody else may bind it meanwhile
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 @contextlib.contextmanager
