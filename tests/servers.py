@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from specroute.children import bound_socket, spawn, stop, wait_ready_sync
 
-__all__ = ["Server", "bound_socket", "refused_url", "run_server", "start_emulator"]
+__all__ = ["Server", "bound_socket", "closed_port", "refused_url", "run_server", "start_emulator"]
 
 
 @dataclass
@@ -31,13 +31,20 @@ class Server:
 
 
 @contextlib.contextmanager
-def refused_url() -> Iterator[str]:
-    """A loopback URL nothing answers: its port is bound here and never listened on, so every
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing answers on: bound here and never listened on, so every
     connection is refused, and no other process can take the port while the block runs (a
     port picked and let go could be a new server's by the time it is tried)."""
     with socket.socket() as sock:  # no SO_REUSEADDR: nobody else may bind it meanwhile
         sock.bind(("127.0.0.1", 0))
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def refused_url() -> Iterator[str]:
+    """`http://127.0.0.1:P` for a `closed_port` P."""
+    with closed_port() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager
