@@ -1,8 +1,10 @@
 """What keeping a stream movable costs: the proxy's event relay (`EventFilter`) against the one
-a request that may move is relayed through (`migrate.Tap`, which keeps each content delta), on
-SGLang-shaped chat chunks, one event per feed as a speculative stream delivers them.
+a request that may move is relayed through (`continued.Tap`, which holds each event for
+`Migration` to read if the stream moves), on SGLang-shaped chat chunks, one event per feed as
+a speculative stream delivers them: per event along one long stream, and per short stream
+(its relay and its `Migration` made, `--stream-events` events fed).
 
-    python benchmarks/migration_tap.py --events 200000
+    python benchmarks/migration_tap.py --events 200000 --stream-events 4
 """
 
 from __future__ import annotations
@@ -32,10 +34,25 @@ def per_event_ns(relay: EventFilter, events: int) -> float:
     return (time.perf_counter() - start) / events * 1e9
 
 
+def per_stream_ns(movable: bool, events: int, streams: int) -> float:
+    """One short stream's relay, made and fed `events` events, `streams` times."""
+    start = time.perf_counter()
+    for _ in range(streams):
+        if movable:
+            relay: EventFilter = Tap(Migration("chat", BODY, 1), Extras(), 0.0)
+        else:
+            relay = EventFilter(Extras(), 0.0)
+        feed = relay.feed
+        for _ in range(events):
+            feed(CHUNK, 0.0)
+    return (time.perf_counter() - start) / streams * 1e9
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--stream-events", type=int, default=4)
     args = parser.parse_args()
     plain, tapped = [], []
     for _ in range(args.repeats):
@@ -45,6 +62,13 @@ def main() -> None:
     print(f"events per run: {args.events}, best of {args.repeats}")
     print(f"EventFilter.feed: {best_plain:8.0f} ns/event")
     print(f"Tap.feed:         {best_tap:8.0f} ns/event (+{best_tap - best_plain:.0f} ns)")
+    k, streams = args.stream_events, max(1, args.events // max(1, args.stream_events))
+    plain = [per_stream_ns(False, k, streams) for _ in range(args.repeats)]
+    tapped = [per_stream_ns(True, k, streams) for _ in range(args.repeats)]
+    best_plain, best_tap = min(plain), min(tapped)
+    print(f"a stream of {k} events, relay made and fed, best of {args.repeats}:")
+    print(f"EventFilter:      {best_plain:8.0f} ns/stream")
+    print(f"Migration + Tap:  {best_tap:8.0f} ns/stream (+{best_tap - best_plain:.0f} ns)")
 
 
 if __name__ == "__main__":

@@ -45,15 +45,17 @@ def _port_free(host: str, port: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_proxy(
-    servers: Sequence[EmulatedServer], host: str, port: int, policy: str
+    servers: Sequence[EmulatedServer], host: str, port: int, policy: str, fd: int | None = None
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
     """`specroute serve` in a child process (its own session: Ctrl-C reaches only the demo,
-    which stops it once), ready when the block starts."""
+    which stops it once), ready when the block starts; with `fd`, on that inherited socket."""
     backends = [arg for s in servers for arg in ("--backend", f"{s.label}={s.url}")]
+    inherit = [] if fd is None else ["--fd", str(fd)]
     process = spawn(
         [sys.executable, "-m", "specroute", "serve", *backends, "--host", host,
-         "--port", str(port), "--policy", policy, "--log-level", "warning"],
+         "--port", str(port), *inherit, "--policy", policy, "--log-level", "warning"],
         new_session=True,
+        pass_fds=() if fd is None else (fd,),
     )  # fmt: skip
     url = f"http://{host}:{port}"
     try:
@@ -196,7 +198,7 @@ async def serve_until_stopped(children: Mapping[str, subprocess.Popen[bytes]]) -
 
 
 async def demo(args: argparse.Namespace) -> int:
-    if not _port_free(args.host, args.port):
+    if args.fd is None and not _port_free(args.host, args.port):
         print(f"specroute demo: port {args.port} is in use; pass --port", file=sys.stderr)
         return 2
     print(
@@ -208,7 +210,8 @@ async def demo(args: argparse.Namespace) -> int:
     async with emulated_fleet(STEPS, profile=args.profile, new_session=True) as servers:
         for s in servers:
             print(f"  emulated backend {s.label:7} {s.url}")
-        async with running_proxy(servers, args.host, args.port, args.policy) as (url, proxy):
+        proxy_at = (args.host, args.port, args.policy, args.fd)
+        async with running_proxy(servers, *proxy_at) as (url, proxy):
             print(f"  proxy                   {url}", flush=True)
             children = {"the proxy": proxy}
             children.update({f"emulated backend {s.label}": s.process for s in servers})
@@ -245,6 +248,11 @@ def register(subparsers: Subcommands) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--fd", type=int, default=None, metavar="N",
+        help="the proxy listens on inherited socket N, bound by the parent to --host:--port "
+        "(tests do so: the port is held from the start)",
+    )  # fmt: skip
     parser.add_argument("--policy", default="throughput")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
     parser.add_argument(

@@ -55,7 +55,7 @@ def still_running(pids: set[int], within: float = 10.0) -> list[int]:
 class Terminal:
     """`python -m specroute ARGS` in a new session, as a shell in a terminal would start it."""
 
-    def __init__(self, args: Sequence[str], tmp_path: Path) -> None:
+    def __init__(self, args: Sequence[str], tmp_path: Path, pass_fds: Sequence[int] = ()) -> None:
         self.out_path, self.err_path = tmp_path / "stdout", tmp_path / "stderr"
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.process = spawn(
@@ -64,6 +64,7 @@ class Terminal:
                 stdout=out,
                 stderr=err,
                 new_session=True,
+                pass_fds=pass_fds,
             )
 
     @property

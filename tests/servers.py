@@ -11,9 +11,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specroute.children import bound_socket, free_port, spawn, stop, wait_ready_sync
+from specroute.children import bound_socket, spawn, stop, wait_ready_sync
 
-__all__ = ["Server", "bound_socket", "free_port", "run_server", "start_emulator"]
+__all__ = ["Server", "bound_socket", "closed_port", "refused_url", "run_server", "start_emulator"]
 
 
 @dataclass
@@ -28,6 +28,23 @@ class Server:
 
     def stop(self) -> None:
         stop(self.process, sig=signal.SIGINT, grace_s=10)
+
+
+@contextlib.contextmanager
+def closed_port() -> Iterator[int]:
+    """A loopback port nothing answers on: bound here and never listened on, so every
+    connection is refused, and no other process can take the port while the block runs (a
+    port picked and let go could be a new server's by the time it is tried)."""
+    with socket.socket() as sock:  # no SO_REUSEADDR: nobody else may bind it meanwhile
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def refused_url() -> Iterator[str]:
+    """`http://127.0.0.1:P` for a `closed_port` P."""
+    with closed_port() as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.contextmanager

@@ -6,10 +6,10 @@ from __future__ import annotations
 import io
 
 import pytest
+from servers import refused_url
 
 from specroute.bench.client import RequestRecord
 from specroute.bench.progress import Progress
-from specroute.children import free_port
 from specroute.cli import main
 
 
@@ -72,8 +72,8 @@ def test_the_python_api_default_is_silent() -> None:
 def test_bench_trace_in_a_pipe_says_when_each_phase_ends(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    main(["bench", "trace", "scenarios/policy-eval.toml", url, "--duration-scale", "0.002"])
+    with refused_url() as url:
+        main(["bench", "trace", "scenarios/policy-eval.toml", url, "--duration-scale", "0.002"])
     err = capsys.readouterr().err
     for phase in ("quiet-1", "light-8", "busy-32", "saturated-64"):
         assert f"target {phase}: " in err

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servers import refused_url
 
 from specroute.bench.backoff import ConnectBackoff
-from specroute.children import free_port
 from specroute.cli import main
 
 
@@ -59,9 +59,9 @@ def test_trace_against_a_dead_target_exits_1_after_fewer_than_200_attempts(
 def test_trace_against_a_closed_port_exits_1_and_counts_the_failures(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    argv = ["bench", "trace", "scenarios/policy-eval.toml", url, "--duration-scale", "0.002"]
-    status = main(argv)
+    with refused_url() as url:
+        argv = ["bench", "trace", "scenarios/policy-eval.toml", url, "--duration-scale", "0.002"]
+        status = main(argv)
     err = capsys.readouterr().err
     assert status == 1
     assert "specroute bench trace: no request succeeded" in err
@@ -103,10 +103,10 @@ def test_backoff_gives_a_level_up_after_give_up_s_and_the_next_level_probes_at_o
 def test_profile_of_a_run_where_nothing_succeeded_exits_1_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
     result, profile = tmp_path / "dead.json", tmp_path / "profile.json"
-    argv = ["bench", "sweep", url, "-c", "1", "-n", "1", "--warmup", "0", "--json", str(result)]
-    assert main(argv) == 1
+    with refused_url() as url:
+        argv = ["bench", "sweep", url, "-c", "1", "-n", "1", "--warmup", "0"]
+        assert main([*argv, "--json", str(result)]) == 1
     assert main(["bench", "profile", str(result), "-o", str(profile)]) == 1
     assert "no closed-loop level with a successful request" in capsys.readouterr().err
     assert not profile.exists()

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import refused_url
 
 from specroute.children import (
     ChildExited,
     NotReady,
     Output,
+    bound_socket,
     free_port,
     spawn,
     stop,
@@ -28,12 +30,15 @@ from specroute.children import (
     wait_ready_sync,
 )
 
-# Serves HTTP 200 on argv[1] after sleeping argv[2] seconds; gone after a minute at the latest.
+# Serves HTTP 200 on the inherited socket argv[2] after sleeping argv[1] seconds; gone after a
+# minute at the latest.
 LATE_SERVER = """
-import http.server, sys, threading, time
-time.sleep(float(sys.argv[2]))
+import http.server, socket, sys, threading, time
+time.sleep(float(sys.argv[1]))
 handler = http.server.SimpleHTTPRequestHandler
-server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), handler)
+server = http.server.HTTPServer(("127.0.0.1", 0), handler, bind_and_activate=False)
+server.socket = socket.socket(fileno=int(sys.argv[2]))
+server.server_activate()
 threading.Timer(60, server.shutdown).start()
 server.serve_forever()
 """
@@ -50,11 +55,21 @@ time.sleep(60)
 
 @contextlib.contextmanager
 def child(
-    code: str, *args: str, stdout: Output = None, stderr: Output = None, new_session: bool = False
+    code: str,
+    *args: str,
+    stdout: Output = None,
+    stderr: Output = None,
+    new_session: bool = False,
+    sock: socket.socket | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -c CODE ARGS`, stopped (and its group killed) when the block ends."""
+    """`python -c CODE ARGS`, stopped (and its group killed) when the block ends; `sock` is
+    inherited, its descriptor the last argument."""
     argv = [sys.executable, "-c", code, *args]
-    process = spawn(argv, stdout=stdout, stderr=stderr, new_session=new_session)
+    fds = [] if sock is None else [sock.fileno()]
+    process = spawn(
+        [*argv, *map(str, fds)], stdout=stdout, stderr=stderr, new_session=new_session,
+        pass_fds=fds,
+    )  # fmt: skip
     try:
         yield process
     finally:
@@ -78,8 +93,8 @@ def test_free_port_can_be_bound_and_listened_on() -> None:
 
 
 def test_wait_ready_returns_once_a_late_server_answers(tmp_path: Path) -> None:
-    port = free_port()
-    with child(LATE_SERVER, str(port), "0.5") as process:
+    with bound_socket() as sock, child(LATE_SERVER, "0.5", sock=sock) as process:
+        port = sock.getsockname()[1]
         wait_ready_sync(f"http://127.0.0.1:{port}/", process=process)
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
 
@@ -87,8 +102,8 @@ def test_wait_ready_returns_once_a_late_server_answers(tmp_path: Path) -> None:
 def test_a_child_that_exits_first_fails_the_wait_with_its_status_and_log(tmp_path: Path) -> None:
     log = tmp_path / "child.log"
     code = "import sys; print('fatal: --bogus is not a flag', file=sys.stderr); sys.exit(3)"
-    with log.open("wb") as out, child(code, stderr=out) as process:
-        url = f"http://127.0.0.1:{free_port()}/ready"
+    with log.open("wb") as out, child(code, stderr=out) as process, refused_url() as base:
+        url = f"{base}/ready"
         with pytest.raises(ChildExited) as failed:
             wait_ready_sync(url, process=process, within=30, name="steps2", output=log)
     assert failed.value.status == 3
@@ -97,8 +112,8 @@ def test_a_child_that_exits_first_fails_the_wait_with_its_status_and_log(tmp_pat
 
 
 def test_a_child_that_never_answers_is_not_ready_at_the_deadline(tmp_path: Path) -> None:
-    with child("import time; time.sleep(60)") as process:
-        url = f"http://127.0.0.1:{free_port()}/ready"
+    with child("import time; time.sleep(60)") as process, refused_url() as base:
+        url = f"{base}/ready"
         with pytest.raises(NotReady, match=r"was not ready after 0\.3 s") as failed:
             wait_ready_sync(url, process=process, within=0.3)
         assert isinstance(failed.value, TimeoutError)
@@ -106,10 +121,10 @@ def test_a_child_that_never_answers_is_not_ready_at_the_deadline(tmp_path: Path)
 
 
 def test_connect_only_waits_for_the_port_not_for_a_200() -> None:
-    port = free_port()
-    code = "import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[1])))"
+    code = "import socket, sys, time; s = socket.socket(fileno=int(sys.argv[1])); s.listen()"
     code += "; print('up', flush=True); time.sleep(60)"
-    with child(code, str(port), stdout=subprocess.PIPE) as process:
+    with bound_socket() as sock, child(code, stdout=subprocess.PIPE, sock=sock) as process:
+        port = sock.getsockname()[1]
         url = f"http://127.0.0.1:{port}/ready"
         wait_ready_sync(url, process=process, connect_only=True)
         with pytest.raises(NotReady):  # it accepts connections but never answers
@@ -143,8 +158,8 @@ def test_async_wait_and_stop_report_the_exit_status() -> None:
             child("import time; time.sleep(0.5); raise SystemExit(5)") as quitter,
         ):
             exited = await wait_exit(quitter)  # the loop watches it; no one has polled it yet
-            with pytest.raises(ChildExited, match="status 5"):
-                await wait_ready(f"http://127.0.0.1:{free_port()}/", process=quitter)
+            with pytest.raises(ChildExited, match="status 5"), refused_url() as base:
+                await wait_ready(f"{base}/", process=quitter)
             return exited, await stop_async(sleeper, grace_s=30)
 
     exited, stopped = asyncio.run(scenario())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from process_tree import Terminal, descendants, still_running
 
-from specroute.children import free_port
+from specroute.children import bound_socket, free_port
 
 
 def _ctrl_c_stops_cleanly(terminal: Terminal, ready: str) -> None:
@@ -29,7 +29,9 @@ def _ctrl_c_stops_cleanly(terminal: Terminal, ready: str) -> None:
 
 @pytest.mark.timeout(150)
 def test_ctrl_c_on_the_demo_stops_everything_without_a_traceback(tmp_path: Path) -> None:
-    terminal = Terminal(["demo", "--port", str(free_port())], tmp_path)
+    with bound_socket() as sock:  # the proxy's, held from here on
+        port, fd = sock.getsockname()[1], sock.fileno()
+        terminal = Terminal(["demo", "--port", str(port), "--fd", str(fd)], tmp_path, [fd])
     _ctrl_c_stops_cleanly(terminal, "Serving until Ctrl-C.")
     assert "Stopped the proxy and the emulated servers." in terminal.out
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import free_port
+from servers import bound_socket
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -41,24 +41,18 @@ NUMBERS = """(metric) => [...document.querySelectorAll(`[data-metric="${metric}"
 @pytest.fixture(scope="module")
 def demo() -> Iterator[str]:
     """`specroute demo` serving until interrupted, with an admin key from the environment."""
-    port = free_port()
     env = {**os.environ, "SPECROUTE_ADMIN_KEY": ADMIN_KEY, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specroute",
-            "demo",
-            "--policy",
-            "least_loaded",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    with bound_socket() as sock:  # the proxy's, held from here on
+        port, fd = sock.getsockname()[1], sock.fileno()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "specroute", "demo", "--policy", "least_loaded",
+             "--port", str(port), "--fd", str(fd)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            pass_fds=[fd],
+        )  # fmt: skip
     try:
         assert process.stdout is not None
         for line in process.stdout:  # the demo prints this once its own sample traffic is done

@@ -12,21 +12,31 @@ from pathlib import Path
 import pytest
 from process_tree import Terminal, descendants, still_running
 
-from specroute.children import free_port
+from specroute.children import bound_socket
+
+
+def _demo(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """`specroute demo ARGS` to its end, its proxy on a socket bound here and handed over:
+    (the port, what it printed, what it said on stderr)."""
+    with bound_socket() as sock:
+        port, fd = sock.getsockname()[1], sock.fileno()
+        done = subprocess.run(
+            [sys.executable, "-m", "specroute", "demo", *args,
+             "--port", str(port), "--fd", str(fd)],
+            capture_output=True,
+            text=True,
+            timeout=110,
+            check=False,
+            pass_fds=[fd],
+            env=env,
+        )  # fmt: skip
+    return port, done.stdout, done.stderr + f"\n[status {done.returncode}]"
 
 
 @pytest.mark.timeout(120)
 def test_demo_shows_each_request_backend_and_how_to_use_the_proxy() -> None:
-    port = free_port()
-    done = subprocess.run(
-        [sys.executable, "-m", "specroute", "demo", "--exit-after-traffic", "--port", str(port)],
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    out = done.stdout
+    port, out, err = _demo("--exit-after-traffic")
+    assert err.endswith("[status 0]"), err
     assert "EMULATED" in out
     assert f'base_url="http://127.0.0.1:{port}/v1"' in out
     rows = re.findall(r"^\s+(greedy|sampled)\s+(\S+)\s+([123])\s+96\s", out, re.MULTILINE)
@@ -79,7 +89,10 @@ def _child_running(pid: int, *words: str) -> int:
 def test_demo_says_which_child_died_and_exits_1(
     tmp_path: Path, words: tuple[str, ...], name: str
 ) -> None:
-    terminal = Terminal(["demo", "--port", str(free_port())], tmp_path)
+    with bound_socket() as sock:  # the proxy's, held from here on
+        port, fd = sock.getsockname()[1], sock.fileno()
+        args = ["demo", "--port", str(port), "--fd", str(fd)]
+        terminal = Terminal(args, tmp_path, pass_fds=[fd])
     children: set[int] = set()
     try:
         terminal.wait_for("Serving until Ctrl-C.")
@@ -95,23 +108,10 @@ def test_demo_says_which_child_died_and_exits_1(
 
 @pytest.mark.timeout(90)
 def test_demo_whose_proxy_refuses_its_settings_says_why_without_a_traceback() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "specroute",
-            "demo",
-            "--exit-after-traffic",
-            "--port",
-            str(free_port()),
-        ],
-        env={**os.environ, "SPECROUTE_POLICYY": "round_robin"},
-        capture_output=True,
-        text=True,
-        timeout=80,
-        check=False,
+    _, _, err = _demo(
+        "--exit-after-traffic", env={**os.environ, "SPECROUTE_POLICYY": "round_robin"}
     )
-    assert done.returncode == 1
-    assert "SPECROUTE_POLICYY is not a setting; did you mean SPECROUTE_POLICY?" in done.stderr
-    assert "specroute demo: the proxy exited with status 2" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert err.endswith("[status 1]"), err
+    assert "SPECROUTE_POLICYY is not a setting; did you mean SPECROUTE_POLICY?" in err
+    assert "specroute demo: the proxy exited with status 2" in err
+    assert "Traceback" not in err

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from servers import free_port, run_server
+from servers import run_server
 
 from specroute.cli import build_parser
 from specroute.config import Config, load_config
@@ -218,9 +218,8 @@ def test_dockerfile_healthcheck_passes_against_a_running_proxy() -> None:
     command = json.loads(match.group(1))
     assert command[0] == "python"
     assert "/health" in command[-1]
-    port = free_port()
-    with run_server(["serve", "--backend", "http://127.0.0.1:9"], port=port, ready_path=None):
-        env = {**os.environ, "SPECROUTE_PORT": str(port)}
+    with run_server(["serve", "--backend", "http://127.0.0.1:9"], ready_path=None) as proxy:
+        env = {**os.environ, "SPECROUTE_PORT": str(proxy.port)}
         check = subprocess.run([sys.executable, *command[1:]], env=env, timeout=30, check=False)
     assert check.returncode == 0
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import closed_port
 
-from specroute.children import free_port
 from specroute.cli import main
 from specroute.launch.preflight import cannot_start
 
@@ -42,11 +42,12 @@ def test_a_launch_that_cannot_start_exits_2_saying_why(
 def test_the_same_error_twice_while_starting_ends_the_launch_with_its_cause(
     tmp_path: Path,
 ) -> None:
-    base = free_port()  # one server: one port
-    argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--steps", "1",
-            "--emulator-arg=--no-such-flag", "--base-port", str(base),
-            "--port", str(free_port()), "--log-dir", str(tmp_path)]  # fmt: skip
-    run = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
+    # The server never starts, nor the proxy: both ports stay held here, refusing connections.
+    with closed_port() as base, closed_port() as port:
+        argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--steps", "1",
+                "--emulator-arg=--no-such-flag", "--base-port", str(base),
+                "--port", str(port), "--log-dir", str(tmp_path)]  # fmt: skip
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=90, check=False)
     assert run.returncode == 1, run.stderr
     assert "steps1 failed twice the same way (status 2)" in run.stderr
     assert "unrecognized arguments: --no-such-flag" in run.stderr

@@ -89,6 +89,32 @@ def test_reasoning_in_the_stream_makes_it_unmovable() -> None:
     assert migration.refusal == "reasoning_or_tool_calls"
 
 
+def test_a_long_stream_keeps_its_text_in_order_across_the_batches_it_is_read_in() -> None:
+    """Events are held unread up to `_HELD_BYTES`, then read in a batch: the text and the
+    first envelope come out the same as one event at a time, whatever the batch bounds."""
+    migration = Migration("chat", body(CHAT), 1)
+    tap = Tap(migration, Extras(), 0.0)
+    words = [f" w{i}" for i in range(2000)]  # about 150 kB of events: several batches
+    for i, word in enumerate(words):
+        delta = {"content": word, "reasoning_content": None}
+        tap.feed(_event(id=f"id{i}", created=i, model="m", choices=[{"delta": delta}]), 0.1)
+        if i == 1000:
+            assert migration.text == "".join(words[:1001])  # read in the middle of a batch
+    assert migration.text == "".join(words)
+    assert migration.envelope() == ("id0", 0, "m")
+    assert migration.refusal is None
+
+
+def test_reasoning_held_unread_still_makes_the_stream_unmovable_when_asked() -> None:
+    migration = Migration("chat", body(CHAT), 1)
+    tap = Tap(migration, Extras(), 0.0)
+    tap.feed(_event(id="a", choices=[{"delta": {"reasoning_content": "hmm"}}]), 0.1)
+    for _ in range(3):
+        tap.feed(_event(id="a", choices=[{"delta": {"content": "x"}}]), 0.1)
+    assert migration.refusal == "reasoning_or_tool_calls"
+    assert migration.text == "xxx"
+
+
 def test_a_continuation_speaks_as_the_first_reply_and_sums_its_usage() -> None:
     migration = Migration("chat", body(CHAT), 1)
     Tap(migration, Extras(), 0.0).feed(_event(id="first", created=7, model="asked", choices=[]), 0)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from servers import refused_url
 
 from specroute.children import free_port
 from specroute.cli import main
@@ -24,9 +25,9 @@ def test_bench_plots_without_matplotlib_exit_2_naming_the_extra_before_sending(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    target = f"http://127.0.0.1:{free_port()}"  # nothing listens: any work would show up as errors
-    args = [target] if command == "sweep" else ["scenarios/policy-eval.toml", target]
-    status = main(["bench", command, *args, "--plots", str(tmp_path / "plots")])
+    with refused_url() as target:  # nothing answers: any work would show up as errors
+        args = [target] if command == "sweep" else ["scenarios/policy-eval.toml", target]
+        status = main(["bench", command, *args, "--plots", str(tmp_path / "plots")])
     out, err = capsys.readouterr()
     assert status == 2
     assert HINT in err

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from servers import Server, start_emulator
 
-from specroute.children import free_port, spawn, wait_ready_sync
+from specroute.children import bound_socket, spawn, wait_ready_sync
 from specroute.config import ConfigError, load_config
 from specroute.proxy.request_log import RequestLogSampler
 
@@ -41,11 +41,13 @@ def test_a_share_outside_0_to_1_is_a_config_error(share: str) -> None:
 
 @contextlib.contextmanager
 def _logged_proxy(tmp: Path, backend: Server, *flags: str) -> Iterator[tuple[str, Path]]:
-    log, port = tmp / "proxy.log", free_port()
-    argv = [sys.executable, "-m", "specroute", "serve", "--backend", backend.url,
-            "--port", str(port), *flags]  # fmt: skip
-    with log.open("wb") as sink:
-        process = spawn(argv, stdout=sink, stderr=sink, env={"PYTHONUNBUFFERED": "1"})
+    log = tmp / "proxy.log"
+    with log.open("wb") as sink, bound_socket() as sock:  # the proxy listens on it
+        port, fd = sock.getsockname()[1], sock.fileno()
+        argv = [sys.executable, "-m", "specroute", "serve", "--backend", backend.url,
+                "--port", str(port), "--fd", str(fd), *flags]  # fmt: skip
+        env = {"PYTHONUNBUFFERED": "1"}
+        process = spawn(argv, stdout=sink, stderr=sink, env=env, pass_fds=[fd])
         try:
             wait_ready_sync(f"http://127.0.0.1:{port}/ready", process=process, output=log)
             yield f"http://127.0.0.1:{port}", log

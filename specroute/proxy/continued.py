@@ -47,7 +47,7 @@ class Continued(Tap):
     """The continuation's stream: each event carries the first reply's `id`, `created` and
     `model`; its usage counts the `relayed` tokens as completion, not prompt, tokens."""
 
-    __slots__ = ("_first", "_relayed")
+    __slots__ = ("_envelope", "_first", "_relayed")
 
     def __init__(
         self,
@@ -60,6 +60,9 @@ class Continued(Tap):
         super().__init__(migration, extras, started, max_event_bytes)
         self._relayed = relayed
         self._first = migration.native() if migration.route == "generate" else NativeEvent()
+        names = ("id", "created", "model")
+        envelope = zip(names, migration.envelope(), strict=True)
+        self._envelope: list[tuple[str, object]] = [(k, v) for k, v in envelope if v is not None]
 
     def feed(self, data: bytes, now: float) -> bytes:
         try:
@@ -83,8 +86,8 @@ class Continued(Tap):
         m = self.migration
         if m.route == "generate":
             return _encode(self._native(data))
-        for key, value in (("id", m.id), ("created", m.created), ("model", m.model)):
-            if key in data and value is not None:
+        for key, value in self._envelope:  # the first reply's
+            if key in data:
                 data[key] = value
         usage = data.get("usage")
         if isinstance(usage, dict):

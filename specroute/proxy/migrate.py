@@ -174,19 +174,31 @@ class _Event(msgspec.Struct):
 _event = msgspec.json.Decoder(_Event)
 
 
+_HELD_BYTES = 16 * 1024
+"""Events a movable stream keeps unread: relaying them costs a list append, and a stream that
+ends before this much (most chat replies) is never parsed; a longer one is read in batches."""
+
+
 class Migration:
     """One request's moves: whether it may move at all (`refusal`), the text relayed so far,
-    the first reply's envelope, and how many moves it has made (`moves`, at most `limit`)."""
+    the first reply's envelope, and how many moves it has made (`moves`, at most `limit`).
+    The request and the relayed events are read only when asked (a move, or a drain's check)
+    or when `_HELD_BYTES` of events wait: the stream's relay pays no parsing for them."""
 
     __slots__ = (
+        "_body",
+        "_checked",
+        "_held",
+        "_held_bytes",
+        "_request_refusal",
+        "_stream_refusal",
+        "_text",
         "created",
         "id",
         "last",
         "limit",
         "model",
         "moves",
-        "pieces",
-        "refusal",
         "relayed",
         "route",
         "ttft",
@@ -195,9 +207,14 @@ class Migration:
     def __init__(self, route: str, body: bytes, limit: int) -> None:
         self.route = route
         self.limit = limit
-        self.refusal = _refusal(route, body)
+        self._body = body
+        self._checked = False
+        self._request_refusal: str | None = None
+        self._stream_refusal: str | None = None
         self.moves = 0
-        self.pieces: list[str] = []
+        self._text: list[str] = []
+        self._held: list[bytes] = []
+        self._held_bytes = 0
         self.last: bytes | None = None
         """A `/generate` stream's latest event: it carries the whole text and ids so far."""
         self.id: str | None = None
@@ -210,10 +227,29 @@ class Migration:
         its own first event: its backend's first token, as the estimators learn it)."""
 
     @property
+    def refusal(self) -> str | None:
+        """Why the request cannot be continued exactly (a field of its body, or reasoning or
+        tool calls in the stream so far), or None when it can."""
+        if not self._checked:
+            self._checked = True
+            self._request_refusal = _refusal(self.route, self._body)
+        if self._held:
+            self._read_held()
+        return self._request_refusal or self._stream_refusal
+
+    @property
     def text(self) -> str:
         if self.route == "generate":
             return self.native().text
-        return "".join(self.pieces)
+        if self._held:
+            self._read_held()
+        return "".join(self._text)
+
+    def envelope(self) -> tuple[str | None, int | None, str | None]:
+        """The first reply's `id`, `created` and `model`."""
+        if self._held:
+            self._read_held()
+        return self.id, self.created, self.model
 
     def native(self) -> NativeEvent:
         """What a `/generate` stream has produced so far (decoded only when it moves)."""
@@ -230,25 +266,35 @@ class Migration:
         return len(self.native().output_ids) if self.route == "generate" else None
 
     def take(self, payload: bytes) -> None:
-        """One relayed event of the first reply: its envelope (once) and its text."""
+        """One relayed event of the reply, kept to be read when asked (`/generate`'s latest
+        only: each carries the whole output so far)."""
         if self.route == "generate":
-            self.last = payload  # whole so far: kept, decoded only if the stream moves
+            self.last = payload
             return
-        try:
-            event = _event.decode(payload)
-        except msgspec.DecodeError:
-            return
-        if self.id is None:
-            self.id, self.created, self.model = event.id, event.created, event.model
-        for choice in event.choices:
-            delta = choice.delta
-            if delta is not None:
-                if delta.reasoning_content or _given(delta.tool_calls):
-                    self.refusal = self.refusal or "reasoning_or_tool_calls"
-                if delta.content:
-                    self.pieces.append(delta.content)
-            elif choice.text:
-                self.pieces.append(choice.text)
+        self._held.append(payload)
+        self._held_bytes += len(payload)
+        if self._held_bytes > _HELD_BYTES:
+            self._read_held()
+
+    def _read_held(self) -> None:
+        """The events held so far, in order: the envelope (once) and the text."""
+        held, self._held, self._held_bytes = self._held, [], 0
+        for payload in held:
+            try:
+                event = _event.decode(payload)
+            except msgspec.DecodeError:
+                continue
+            if self.id is None:
+                self.id, self.created, self.model = event.id, event.created, event.model
+            for choice in event.choices:
+                delta = choice.delta
+                if delta is not None:
+                    if delta.reasoning_content or _given(delta.tool_calls):
+                        self._stream_refusal = "reasoning_or_tool_calls"
+                    if delta.content:
+                        self._text.append(delta.content)
+                elif choice.text:
+                    self._text.append(choice.text)
 
     def body(self, upstream: bytes, relayed_tokens: int) -> bytes | None:
         """The continuation's body: the request as it went upstream, the text so far added,
@@ -309,7 +355,7 @@ def draining_past(holds: Holds, name: str, after_s: float) -> bool:
 def move_due(migration: Migration, holds: Holds, name: str, after_s: float) -> bool:
     """Whether a stream on `name` should move now: its backend drained past `after_s` and the
     stream can still be continued exactly."""
-    return migration.refusal is None and draining_past(holds, name, after_s)
+    return draining_past(holds, name, after_s) and migration.refusal is None
 
 
 def failure_cause(exc: UpstreamFailure) -> str:

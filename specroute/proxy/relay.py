@@ -326,7 +326,7 @@ class Relay:
             max_event = limits_config.max_event_bytes
             stream = _stream_relay(ex, incoming, max_event)
             mig = ex.migration
-            if mig is not None and mig.refusal is None:  # a drain moves it at its deadline
+            if mig is not None:  # a drain moves it at its deadline, if it can move
                 holds, after_s = state.pool.holds, state.config.migration.drain_s
                 ex.reply.move_check = partial(move_due, mig, holds, ex.backend, after_s)
             await ex.reply.send_stream(
