@@ -53,7 +53,7 @@ def _tune(args: argparse.Namespace, out: Path) -> Path:
     argv = [sys.executable, "-m", "specroute", "tune", "--emulate", "--steps", args.tune_steps,
             "--profile", args.profile, "--time-scale", f"{TUNE_SPEED / args.time_scale:g}",
             f"--emulator-arg=--time-scale={TUNE_SPEED:g}", "--temperature", "0,1",
-            "--out", str(out / "tune")]  # fmt: skip
+            "--base-port", str(free_port()), "--out", str(out / "tune")]  # fmt: skip
     with (out / "tune.log").open("wb") as log:
         subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True)
     return out / "tune" / "prior.json"
