@@ -26,12 +26,14 @@ class Scaling(msgspec.Struct, frozen=True, kw_only=True):
     profile: str = "seed-qwen35-122b"
     time_scale: float = 0.25
     compress: float = 0.2
+    planner: dict[str, float] = {}
+    """Planner settings that replace the compressed ones (`--planner-option`)."""
 
     def planner_options(self) -> dict[str, float]:
-        """`--planner-option` values: the planner's defaults, compressed."""
+        """`--planner-option` values: the planner's defaults, compressed, then `planner`."""
         c = self.compress
         return {"settle_s": 120 * c, "window_s": 60 * c, "confirm_s": 30 * c,
-                "regime_prior_s": 1800 * c}  # fmt: skip
+                "regime_prior_s": 1800 * c, **self.planner}  # fmt: skip
 
     def emulator_args(self) -> list[str]:
         """`--emulator-arg`s: the profile, the GPU's speed and a start-up of STARTUP_S x
@@ -158,8 +160,8 @@ def accounts(plan: PlanDocument | None) -> list[str]:
     if plan is None:
         return []
     lines = [f"- {c.server}: {c.before} -> {c.after}, {c.outcome} in {c.took_s:.0f} s: {c.reason}"
-             for c in plan.history]  # fmt: skip
-    for a in plan.accounts:
+             for c in sorted(plan.history, key=lambda c: c.at)]  # fmt: skip
+    for a in sorted(plan.accounts, key=lambda a: a.at):
         realized = f"{a.realized_tok_s:,.0f}" if a.realized_tok_s is not None else "-"
         error = f"{a.forecast_error:+.1%}" if a.forecast_error is not None else a.note or "-"
         lines.append(

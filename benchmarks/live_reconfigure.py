@@ -59,6 +59,14 @@ def _tune(args: argparse.Namespace, out: Path) -> Path:
     return out / "tune" / "prior.json"
 
 
+class Saved(msgspec.Struct, kw_only=True):
+    """`report.json`: what `--report DIR` prints again."""
+
+    settings: str
+    results: list[PoolResult]
+    samples: dict[str, list[float]]
+
+
 class Running(msgspec.Struct, kw_only=True):
     pool: Pool
     url: str
@@ -172,20 +180,34 @@ def _arguments() -> argparse.Namespace:
     add("--servers", type=int, default=3)
     add("--prior", type=Path, default=None, help="a tune prior (default: tune one first)")
     add("--tune-steps", default="0,1,2,3,4,5,6,7")
+    add(
+        "--planner-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a planner setting in place of its compressed default, e.g. window_s=60",
+    )
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=ROOT / "benchmarks" / "results" / "live-reconfigure")
+    add("--report", type=Path, default=None, metavar="DIR", help="print a saved run's report")
     return parser.parse_args()
 
 
 def main() -> None:
     args = _arguments()
+    if args.report is not None:
+        saved = msgspec.json.decode((args.report / "report.json").read_bytes(), type=Saved)
+        print(_report(saved.results, saved.samples, saved.settings))
+        return
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     prior = args.prior or _tune(args, out)
     depths = launch_depths(steps=None, allowed=None, servers=args.servers,
                            prior=decode_profile(prior.read_bytes(), source=str(prior)))  # fmt: skip
     launched = ",".join(map(str, depths.steps))
-    scaling = Scaling(profile=args.profile, time_scale=args.time_scale, compress=args.compress)
+    planner = {k: float(v) for k, _, v in (o.partition("=") for o in args.planner_option)}
+    scaling = Scaling(profile=args.profile, time_scale=args.time_scale, compress=args.compress,
+                      planner=planner)  # fmt: skip
     fixed = [int(k) for k in args.fixed.split(",")]
     runs = [_start(p, scaling, prior, out) for p in pools(depths.steps, fixed, args.servers)]
     try:
@@ -202,12 +224,13 @@ def main() -> None:
         for run in runs:
             stop(run.launcher, sig=signal.SIGINT, grace_s=60)
     settings = (f"{Path(args.scenario).name} x {args.compress:g}, {args.profile} at time scale "
-                f"{args.time_scale:g}; launch's pool {launched} ({depths.steps_from}); allowed "
+                f"{args.time_scale:g}, planner {scaling.planner_options()}; launch's pool "
+                f"{launched} ({depths.steps_from}); allowed "
                 f"{','.join(map(str, depths.allowed))}")  # fmt: skip
     report = _report(results, samples, settings)
     (out / "report.md").write_text(report)
-    (out / "report.json").write_bytes(msgspec.json.encode(
-        {"settings": settings, "results": results, "samples": samples}))  # fmt: skip
+    saved = Saved(settings=settings, results=results, samples=samples)
+    (out / "report.json").write_bytes(msgspec.json.encode(saved))
     print(report)
 
 
