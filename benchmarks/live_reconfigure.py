@@ -109,7 +109,8 @@ def _watch(
     runs: list[Running], benches: list[subprocess.Popen[bytes]], out: Path
 ) -> dict[str, list[float]]:
     """Every 2 s while a bench runs: load average, CPU busy share, auto's plan (plans.jsonl)."""
-    samples: dict[str, list[float]] = {"load average": [], "CPU busy (2 cores)": []}
+    busy_name = f"CPU busy (all {os.cpu_count()} cores)"
+    samples: dict[str, list[float]] = {"load average": [], busy_name: []}
     auto = next(r for r in runs if r.pool.name == "auto")
     stat: list[int] = []
     with (
@@ -120,7 +121,7 @@ def _watch(
             busy, stat = _cpu_busy(stat)
             samples["load average"].append(os.getloadavg()[0])
             if busy is not None:
-                samples["CPU busy (2 cores)"].append(busy)
+                samples[busy_name].append(busy)
             try:
                 f.write(client.get("/plan").content.strip() + b"\n")
             except httpx.HTTPError as exc:
@@ -146,7 +147,7 @@ def _collect(run: Running, launched: str) -> PoolResult:
         metrics = client.get("/metrics").text
     steps = ",".join(map(str, run.pool.steps)) if run.pool.steps else launched
     if run.pool.adaptive:
-        steps = "adaptive x3 (SGLang's tiers)"
+        steps = f"adaptive x{len(run.pool.steps or ())} (SGLang's tiers)"
     if run.pool.reconfigure == "auto":
         steps = f"{launched} -> {','.join(s.setting for s in plan.servers)}"
     result = result_of(
