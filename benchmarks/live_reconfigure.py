@@ -1,160 +1,238 @@
-"""Depth follows load over real HTTP: `specroute launch --emulate --reconfigure auto` (start-up
-time on, time-scaled) replaying a trace with `specroute bench trace`, while /plan is watched.
-Prints every restart as /plan and the launcher's log show it, the proxy's errors, and tok/s per
-phase, with the load average beside them (the machine is shared: it bounds what the numbers say).
+"""No regret over real HTTP: `specroute launch --emulate --reconfigure auto` with launch's
+defaults (the pool and depths a `specroute tune --emulate` prior over depths 0-7 recommends),
+beside the same pool never reconfigured, three servers alike at each depth that matters, and
+three SGLang-adaptive servers, all at once on loopback under the same trace (one
+`specroute bench trace` per pool, started together). Prints tok/s per phase and over the
+trace, errors, auto's restarts with their reasons and forecast against realized (`/plan`), and
+the machine's load (two shared cores: when the bench client may be the limit, it says so).
 
-    .venv/bin/python benchmarks/live_reconfigure.py --out results/live-reconfigure
+    .venv/bin/python benchmarks/live_reconfigure.py --out benchmarks/results/live-reconfigure
 
-Everything listens on 127.0.0.1 and stops at the end (the launcher gets SIGINT).
+Time is shrunk (see `live_pools.Scaling`): the emulated GPU runs at `--time-scale` (0.25: four
+times slower, so 15 emulators, 5 proxies and 5 clients fit on two cores), while phases, start-up
+and the planner's times are multiplied by `--compress`. Everything stops at the end (SIGINT).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
+import msgspec
+from live_pools import Pool, PoolResult, Scaling, launch_argv, pools, result_of, table, verdict
+from live_pools import accounts as account_lines
+from live_pools import loads as load_line
 
+from specroute.bench.sweep import SweepResult
 from specroute.children import free_port, spawn, stop, wait_ready_sync
+from specroute.launch.defaults import launch_depths
+from specroute.profile_format import decode_profile
+from specroute.wire import PlanDocument
 
 ROOT = Path(__file__).resolve().parent.parent
+_plan = msgspec.json.Decoder(PlanDocument)
+_trace = msgspec.json.Decoder(SweepResult)
 
 
-def _launch(args: argparse.Namespace, out: Path, port: int) -> subprocess.Popen[bytes]:
-    scale, phase_s = args.time_scale, 3600 * args.duration_scale
-    planner = {
-        # The planner's clock is the wall's: its times shrink with the emulator's.
-        "settle_s": 120 / scale,
-        "window_s": max(8.0, 60 / scale),
-        "confirm_s": 30 / scale,
-        "regime_prior_s": phase_s,
-    }
-    argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--steps", args.steps]
-    argv += ["--port", str(port), "--base-port", str(free_port()), "--log-dir", str(out / "logs")]
-    argv += ["--policy", "throughput", "--reconfigure", "auto", "--drain", str(args.drain)]
-    argv += [
-        "--min-dwell",
-        str(phase_s / 3),
-        "--max-unavailable",
-        "1",
-        "--allowed-steps",
-        "0,1,2,3",
-    ]
-    argv += [f"--emulator-arg=--time-scale={scale}", "--emulator-arg=--startup-s=profile"]
-    argv += [f"--emulator-arg=--profile={args.profile}", "--admin-key", "live-admin"]
-    argv += [f"--planner-option={k}={v:g}" for k, v in planner.items()]
-    with (out / "launch.log").open("wb") as log:
+TUNE_SPEED = 4.0
+"""The tune's emulators' time scale (the live run's is `--time-scale`)."""
+
+
+def _tune(args: argparse.Namespace, out: Path) -> Path:
+    """A prior from `specroute tune --emulate` over `--tune-steps`, describing the GPU the live
+    run emulates (`--time-scale`): the tune's emulators run at TUNE_SPEED (the later
+    `--emulator-arg=--time-scale` is the one the emulator keeps), and tune divides its figures
+    by their speed relative to the live run's. A prior at another speed would tell the proxy
+    and the planner of depths 1/time-scale times as fast as the servers they read."""
+    argv = [sys.executable, "-m", "specroute", "tune", "--emulate", "--steps", args.tune_steps,
+            "--profile", args.profile, "--time-scale", f"{TUNE_SPEED / args.time_scale:g}",
+            f"--emulator-arg=--time-scale={TUNE_SPEED:g}", "--temperature", "0,1",
+            "--base-port", str(free_port()), "--out", str(out / "tune")]  # fmt: skip
+    with (out / "tune.log").open("wb") as log:
+        subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return out / "tune" / "prior.json"
+
+
+class Saved(msgspec.Struct, kw_only=True):
+    """`report.json`: what `--report DIR` prints again."""
+
+    settings: str
+    results: list[PoolResult]
+    samples: dict[str, list[float]]
+
+
+class Running(msgspec.Struct, kw_only=True):
+    pool: Pool
+    url: str
+    launcher: subprocess.Popen[bytes]
+    folder: Path
+
+
+def _start(pool: Pool, scaling: Scaling, prior: Path, out: Path) -> Running:
+    folder = out / pool.name
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = launch_argv(pool, scaling, python=sys.executable, prior=str(prior), port=port,
+                       base_port=free_port(), logs=str(folder / "logs"))  # fmt: skip
+    with (folder / "launch.log").open("wb") as log:
+        launcher = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
+    return Running(pool=pool, url=f"http://127.0.0.1:{port}", launcher=launcher, folder=folder)
+
+
+def _bench(run: Running, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "specroute", "bench", "trace", args.scenario, run.url,
+            "--duration-scale", f"{args.compress:g}", "--no-chunks", "--seed", str(args.seed),
+            "--json", str(run.folder / "trace.json")]  # fmt: skip
+    with (run.folder / "bench.log").open("wb") as log:
         return spawn(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _watch(url: str, bench: subprocess.Popen[bytes], out: Path) -> list[dict[str, Any]]:
-    """/plan every 2 s while the bench runs, with the load average."""
-    seen: list[dict[str, Any]] = []
-    with httpx.Client(base_url=url, timeout=10) as client, (out / "plans.jsonl").open("w") as f:
-        while bench.poll() is None:
+def _cpu_busy(previous: list[int]) -> tuple[float | None, list[int]]:
+    """The machine's CPU busy share since `previous` (/proc/stat's first line)."""
+    with open("/proc/stat") as f:
+        now = [int(x) for x in f.readline().split()[1:]]
+    if not previous:
+        return None, now
+    delta = [a - b for a, b in zip(now, previous, strict=False)]
+    total = sum(delta)
+    idle = delta[3] + delta[4]
+    return (1 - idle / total if total else None), now
+
+
+def _watch(
+    runs: list[Running], benches: list[subprocess.Popen[bytes]], out: Path
+) -> dict[str, list[float]]:
+    """Every 2 s while a bench runs: load average, CPU busy share, auto's plan (plans.jsonl)."""
+    busy_name = f"CPU busy (all {os.cpu_count()} cores)"
+    samples: dict[str, list[float]] = {"load average": [], busy_name: []}
+    auto = next(r for r in runs if r.pool.name == "auto")
+    stat: list[int] = []
+    with (
+        httpx.Client(base_url=auto.url, timeout=10) as client,
+        (out / "plans.jsonl").open("wb") as f,
+    ):
+        while any(b.poll() is None for b in benches):
+            busy, stat = _cpu_busy(stat)
+            samples["load average"].append(os.getloadavg()[0])
+            if busy is not None:
+                samples[busy_name].append(busy)
             try:
-                plan = client.get("/plan").json()
-            except httpx.HTTPError:
-                plan = {}
-            row = {
-                "t": round(time.monotonic(), 1),
-                "load": os.getloadavg()[0],
-                "servers": plan.get("servers"),
-                "verdict": (plan.get("plan") or {}).get("verdict"),
-                "history": len(plan.get("history") or []),
-            }
-            seen.append(row)
-            f.write(json.dumps(row) + "\n")
+                f.write(client.get("/plan").content.strip() + b"\n")
+            except httpx.HTTPError as exc:
+                f.write(msgspec.json.encode({"error": str(exc)}) + b"\n")
             time.sleep(2)
-    return seen
+    return samples
 
 
 def _proxy_errors(metrics: str) -> dict[str, float]:
+    """`specroute_requests_total` series with a status other than 200."""
     out: dict[str, float] = {}
     for line in metrics.splitlines():
         if line.startswith("specroute_requests_total{") and 'status="200"' not in line:
             key, _, value = line.rpartition(" ")
-            out[key] = float(value)
+            if float(value):
+                out[key] = float(value)
     return out
 
 
-def _logged_changes(out: Path) -> list[dict[str, Any]]:
-    lines = []
-    for line in (out / "launch.log").read_text(errors="replace").splitlines():
-        if '"reconfigured"' in line or '"reconfigure_started"' in line:
-            try:
-                lines.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return lines
-
-
-def _report(out: Path, url: str, watched: list[dict[str, Any]]) -> dict[str, Any]:
-    with httpx.Client(base_url=url, timeout=10) as client:
-        plan = client.get("/plan").json()
+def _collect(run: Running, launched: str) -> PoolResult:
+    with httpx.Client(base_url=run.url, timeout=10) as client:
+        plan = _plan.decode(client.get("/plan").content)
         metrics = client.get("/metrics").text
-    bench = json.loads((out / "trace.json").read_text())
-    phases = [
-        {"phase": lv["phase"], "users": lv["concurrency"], **{k: lv["summary"][k] for k in (
-            "requests", "errors", "aggregate_tok_s", "per_request_tok_s")},
-         "error_samples": lv["summary"]["error_samples"][:3]}
-        for lv in bench["levels"]
-    ]  # fmt: skip
-    loads = [w["load"] for w in watched]
-    logged = [c for c in _logged_changes(out) if c.get("event") == "reconfigured"]
-    return {
-        "history": plan.get("history"),
-        "outcomes": plan.get("outcomes"),
-        "logged_changes": [
-            {k: c.get(k) for k in ("server", "before", "after", "outcome", "took_s")}
-            for c in logged
-        ],
-        "proxy_errors": _proxy_errors(metrics),
-        "phases": phases,
-        "load_average": {
-            "mean": sum(loads) / len(loads) if loads else None,
-            "max": max(loads, default=None),
-            "cores": os.cpu_count(),
-        },
-    }
+    steps = ",".join(map(str, run.pool.steps)) if run.pool.steps else launched
+    if run.pool.adaptive:
+        steps = f"adaptive x{len(run.pool.steps or ())} (SGLang's tiers)"
+    if run.pool.reconfigure == "auto":
+        steps = f"{launched} -> {','.join(s.setting for s in plan.servers)}"
+    result = result_of(
+        run.pool.name, steps, _trace.decode((run.folder / "trace.json").read_bytes())
+    )
+    result.plan = plan if plan.mode != "off" else None
+    result.proxy_errors = _proxy_errors(metrics)
+    return result
+
+
+def _report(results: list[PoolResult], samples: dict[str, list[float]], settings: str) -> str:
+    lines = [f"# Wall clock: {settings}", "",
+             "Aggregate tok/s (wall-clock) per phase and over the trace:", "",
+             table(results), "", verdict(results), "", "auto's changes (/plan):"]  # fmt: skip
+    auto = next(r for r in results if r.name == "auto")
+    lines += account_lines(auto.plan) or ["- none"]
+    lines += ["", f"Machine: {load_line(samples)}; {os.cpu_count()} cores."]
+    limited = [f"{r.name} {x}" for r in results for x in r.client_limited]
+    lines.append("Bench client may be the limit: " + ("; ".join(limited) if limited else "never"))
+    return "\n".join(lines) + "\n"
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    add = parser.add_argument
+    add("--scenario", default=str(ROOT / "scenarios" / "depth-live.toml"))
+    add("--profile", default="seed-qwen35-122b")
+    add("--time-scale", type=float, default=0.25, help="the emulated GPU's speed")
+    add("--compress", type=float, default=0.2, help="phases, start-up, planner times x this")
+    add("--fixed", default="2,3,7", help="depths of the three-alike pools")
+    add("--servers", type=int, default=3)
+    add("--prior", type=Path, default=None, help="a tune prior (default: tune one first)")
+    add("--tune-steps", default="0,1,2,3,4,5,6,7")
+    add(
+        "--planner-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a planner setting in place of its compressed default, e.g. window_s=60",
+    )
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, default=ROOT / "benchmarks" / "results" / "live-reconfigure")
+    add("--report", type=Path, default=None, metavar="DIR", help="print a saved run's report")
+    return parser.parse_args()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", default=str(ROOT / "scenarios" / "depth-swing.toml"))
-    parser.add_argument("--profile", default="seed-qwen35-122b")
-    parser.add_argument("--steps", default="1,2,3")
-    parser.add_argument("--time-scale", type=float, default=4.0)
-    parser.add_argument("--duration-scale", type=float, default=1 / 40)
-    parser.add_argument("--drain", type=float, default=10.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "live-reconfigure")
-    args = parser.parse_args()
+    args = _arguments()
+    if args.report is not None:
+        saved = msgspec.json.decode((args.report / "report.json").read_bytes(), type=Saved)
+        print(_report(saved.results, saved.samples, saved.settings))
+        return
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    launcher = _launch(args, out, port)
+    prior = args.prior or _tune(args, out)
+    depths = launch_depths(steps=None, allowed=None, servers=args.servers,
+                           prior=decode_profile(prior.read_bytes(), source=str(prior)))  # fmt: skip
+    launched = ",".join(map(str, depths.steps))
+    planner = {k: float(v) for k, _, v in (o.partition("=") for o in args.planner_option)}
+    scaling = Scaling(profile=args.profile, time_scale=args.time_scale, compress=args.compress,
+                      planner=planner)  # fmt: skip
+    fixed = [int(k) for k in args.fixed.split(",")]
+    runs = [_start(p, scaling, prior, out) for p in pools(depths.steps, fixed, args.servers)]
     try:
-        wait_ready_sync(url + "/ready", process=launcher, within=300, poll_s=0.5, name="pool")
-        bench_argv = [sys.executable, "-m", "specroute", "bench", "trace", args.scenario, url,
-                      "--duration-scale", f"{args.duration_scale:g}", "--no-chunks",
-                      "--json", str(out / "trace.json")]  # fmt: skip
-        with (out / "bench.log").open("wb") as log:
-            bench = spawn(bench_argv, stdout=log, stderr=subprocess.STDOUT)
-        watched = _watch(url, bench, out)
-        report = _report(out, url, watched)
+        for run in runs:
+            wait_ready_sync(run.url + "/ready", process=run.launcher, within=600, poll_s=0.5,
+                            name=run.pool.name)  # fmt: skip
+        benches = [_bench(run, args) for run in runs]
+        samples = _watch(runs, benches, out)
+        results = [_collect(run, launched) for run in runs]
     finally:
-        stop(launcher, sig=signal.SIGINT, grace_s=60)
-    report["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    (out / "report.json").write_text(json.dumps(report, indent=1))
-    print(json.dumps(report, indent=1))
+        for run in runs:
+            if run.launcher.poll() is None:
+                run.launcher.send_signal(signal.SIGINT)
+        for run in runs:
+            stop(run.launcher, sig=signal.SIGINT, grace_s=60)
+    settings = (f"{Path(args.scenario).name} x {args.compress:g}, {args.profile} at time scale "
+                f"{args.time_scale:g}, planner {scaling.planner_options()}; launch's pool "
+                f"{launched} ({depths.steps_from}); allowed "
+                f"{','.join(map(str, depths.allowed))}")  # fmt: skip
+    report = _report(results, samples, settings)
+    (out / "report.md").write_text(report)
+    saved = Saved(settings=settings, results=results, samples=samples)
+    (out / "report.json").write_bytes(msgspec.json.encode(saved))
+    print(report)
 
 
 if __name__ == "__main__":
