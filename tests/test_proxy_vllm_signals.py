@@ -1,0 +1,98 @@
+"""What the proxy takes from vLLM backends beyond routing: per-class acceptance learned from
+vLLM's per-request metrics (`--per-request-spec-decode-metrics`) within 5% of the truth, the
+backends' spec-decode counters on the proxy's `/metrics` (what `vllm bench serve` reads), and a
+clean `/server_info` for a pool without SGLang."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from emulator_support import wait_for
+from servers import Server, run_server, start_emulator
+
+MODEL = "Qwen/Qwen3.5-122B-A10B"
+API_KEY = "sk-test-key"
+FAST = ("--engine", "vllm", "--time-scale", "50", "--decode-log-interval", "1")
+CONFIG = """
+[health]
+interval_s = 0.2
+timeout_s = 1.0
+failure_threshold = 1
+success_threshold = 1
+metrics_interval_s = 0.3
+"""
+SPEC = ("drafts", "draft_tokens", "accepted_tokens")
+
+
+def vllm_emulator(steps: int, seed: int, *extra: str) -> Any:
+    return start_emulator(steps, *FAST, "--seed", str(seed), *extra, ready_path="/health")
+
+
+def serve(tmp: Path, servers: list[Server]) -> Any:
+    text = CONFIG + "".join(f'[[backends]]\nurl = "{s.url}"\n' for s in servers)
+    config = tmp / "proxy.toml"
+    config.write_text(text)
+    args = ["serve", "--config", str(config), "--api-key", API_KEY, "--policy", "round_robin"]
+    return run_server(args)
+
+
+def pool_of(proxy: Server) -> dict[str, Any]:
+    reply = httpx.get(proxy.url + "/pool", headers={"authorization": f"Bearer {API_KEY}"})
+    pool: dict[str, Any] = reply.json()
+    return pool
+
+
+def spec_counters(url: str) -> dict[str, float]:
+    """Each spec-decode counter summed over its series (as `vllm bench serve` sums them)."""
+    text = httpx.get(url + "/metrics").text
+    totals = dict.fromkeys(SPEC, 0.0)
+    for line in text.splitlines():
+        for name in SPEC:
+            if line.startswith(
+                (f"vllm:spec_decode_num_{name}_total ", f"vllm:spec_decode_num_{name}_total{{")
+            ):
+                totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_class_acceptance_from_vllm_request_metrics_is_within_5_percent_of_the_truth(
+    tmp_path: Path, stream: bool
+) -> None:
+    """Every reply carries `metrics.speculative_decoding` (streams: on the usage chunk the proxy
+    asks for); the pool learns from it first, and the truth is the server's counters."""
+    with (
+        vllm_emulator(3, 9, "--per-request-spec-decode-metrics", "summary") as server,
+        serve(tmp_path, [server]) as proxy,
+    ):
+        wait_for(lambda: pool_of(proxy)["backends"][0]["steps"] == 3)
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+        before = spec_counters(server.url)
+
+        def one(_: int) -> None:
+            reply = client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "write"}],
+                max_tokens=150,
+                temperature=1.0,
+                stream=stream,
+            )
+            if stream:
+                chunks = list(reply)  # type: ignore[call-overload]
+                assert all(c.usage is None for c in chunks)  # the proxy's usage chunk removed
+
+        with ThreadPoolExecutor(8) as workers:
+            list(workers.map(one, range(96)))
+        after = spec_counters(server.url)
+        truth = 1 + (after["accepted_tokens"] - before["accepted_tokens"]) / (
+            after["drafts"] - before["drafts"]
+        )
+        estimates = pool_of(proxy)["estimates"]
+        assert set(estimates["acceptance_sources"]) == {"request_metrics"}, estimates
+        learned = estimates["local_classes"][f"{MODEL}:sampled"]["accept_length"]["3"]
+        assert learned == pytest.approx(truth, rel=0.05), (learned, truth, estimates)
