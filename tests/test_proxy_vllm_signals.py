@@ -15,6 +15,8 @@ import pytest
 from emulator_support import wait_for
 from servers import Server, run_server, start_emulator
 
+from specroute.proxy.vllm_counters import SpecTotals
+
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 API_KEY = "sk-test-key"
 FAST = ("--engine", "vllm", "--time-scale", "50", "--decode-log-interval", "1")
@@ -96,3 +98,43 @@ def test_class_acceptance_from_vllm_request_metrics_is_within_5_percent_of_the_t
         assert set(estimates["acceptance_sources"]) == {"request_metrics"}, estimates
         learned = estimates["local_classes"][f"{MODEL}:sampled"]["accept_length"]["3"]
         assert learned == pytest.approx(truth, rel=0.05), (learned, truth, estimates)
+
+
+def test_proxy_metrics_carry_the_vllm_backends_spec_counters_fresh(tmp_path: Path) -> None:
+    """What `vllm bench serve` sums on the proxy's /metrics (no key needed) is what the two
+    backends counted, read when asked rather than at the last scrape."""
+    with (
+        vllm_emulator(1, 11) as shallow,
+        vllm_emulator(3, 12) as deep,
+        serve(tmp_path, [shallow, deep]) as proxy,
+    ):
+        wait_for(lambda: sorted(str(b["steps"]) for b in pool_of(proxy)["backends"]) == ["1", "3"])
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key=API_KEY, max_retries=0)
+        for _ in range(4):  # round robin: both backends
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=30
+            )
+        backends = [spec_counters(s.url) for s in (shallow, deep)]
+        relayed = spec_counters(proxy.url)
+        assert all(b["drafts"] > 0 for b in backends)
+        for name in SPEC:
+            assert relayed[name] == sum(b[name] for b in backends), name
+        text = httpx.get(proxy.url + "/metrics").text
+        positions = [
+            ln
+            for ln in text.splitlines()
+            if ln.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")
+        ]
+        assert len(positions) == 1 + 3  # one series per backend and position
+
+
+def test_relayed_counters_stay_monotonic_across_a_backend_restart() -> None:
+    totals = SpecTotals()
+    scrape = 'vllm:spec_decode_num_drafts_total{{engine="{e}",model_name="m"}} {v}\n'
+    assert not totals.update("a", "vllm:num_requests_running 3\n")
+    assert totals.update("a", scrape.format(e=0, v=40) + scrape.format(e=1, v=60))
+    assert totals.update("a", scrape.format(e=0, v=5))  # restarted: counting from zero again
+    assert totals.update("b", scrape.format(e=0, v=7))
+    (family,) = list(totals.families())
+    values = {s.labels["backend"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert values == {"a": 105.0, "b": 7.0}
