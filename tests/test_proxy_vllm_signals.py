@@ -127,6 +127,30 @@ def test_proxy_metrics_carry_the_vllm_backends_spec_counters_fresh(tmp_path: Pat
         ]
         assert len(positions) == 1 + 3  # one series per backend and position
 
+        def server_info() -> dict[str, Any]:
+            reply = httpx.get(
+                proxy.url + "/server_info", headers={"authorization": f"Bearer {API_KEY}"}
+            )
+            assert reply.status_code == 200, reply.text
+            info: dict[str, Any] = reply.json()
+            return info
+
+        truths = sorted(1 + b["accepted_tokens"] / b["drafts"] for b in backends)
+
+        def described() -> list[float] | None:
+            states = server_info()["internal_states"][1:]
+            found = [s.get("avg_spec_accept_length") for s in states]
+            return sorted(found) if None not in found else None  # type: ignore[type-var]
+
+        wait_for(lambda: described() == pytest.approx(truths))  # once the pool scraped them
+        info = server_info()
+        assert info["engine"] == "vllm"
+        assert info["served_model_name"] == MODEL
+        assert info["speculative_num_steps"] in {1, 3}
+        assert len(info["specroute"]["backends"]) == 2
+        pool_accept = info["internal_states"][0]["avg_spec_accept_length"]
+        assert min(truths) <= pool_accept <= max(truths)
+
 
 def test_relayed_counters_stay_monotonic_across_a_backend_restart() -> None:
     totals = SpecTotals()
