@@ -159,7 +159,7 @@ def report(result: dict[str, Any]) -> bool:
         print("FAIL: an accept length is missing")
         return False
     gap = abs(theirs - reference) / reference
-    ok = gap <= TOLERANCE and vllm["failed"] == 0
+    ok = bool(gap <= TOLERANCE and vllm["failed"] == 0)
     print(f"{'OK' if ok else 'FAIL'}: vLLM's accept length is {gap:.1%} from specroute bench's")
     return ok
 
