@@ -162,3 +162,21 @@ def test_relayed_counters_stay_monotonic_across_a_backend_restart() -> None:
     (family,) = list(totals.families())
     values = {s.labels["backend"]: s.value for s in family.samples if s.name.endswith("_total")}
     assert values == {"a": 105.0, "b": 7.0}
+
+
+def test_server_info_of_a_mixed_pool_leads_with_sglangs_own_answer(tmp_path: Path) -> None:
+    with (
+        vllm_emulator(1, 14) as vllm,
+        start_emulator(3, "--time-scale", "50", "--seed", "15") as sglang,
+        serve(tmp_path, [vllm, sglang]) as proxy,
+    ):
+        wait_for(lambda: sorted(str(b["steps"]) for b in pool_of(proxy)["backends"]) == ["1", "3"])
+        reply = httpx.get(
+            proxy.url + "/server_info", headers={"authorization": f"Bearer {API_KEY}"}
+        )
+        assert reply.status_code == 200, reply.text
+        info = reply.json()
+        assert "engine" not in info  # SGLang's own arguments, not the vLLM description
+        assert info["speculative_num_steps"] == 3
+        assert len(info["internal_states"]) == 1 + 2  # the pool, then each backend
+        assert set(info["internal_states"][2]) <= {"avg_spec_accept_length"}  # the vLLM server's
