@@ -49,7 +49,10 @@ class ProxyState:
             ProxyGauges(self.pool, self.admission, self.bodies, self.process)
         )
         self.vllm_counters = VllmCounters(
-            lambda: self.pool.backends, self.client, config.health.timeout_s
+            lambda: self.pool.backends,
+            self.client,
+            config.health.timeout_s,
+            interval_s=limits.metrics_render_s,
         )
         """The vLLM backends' spec-decode counters, on `/metrics` for vLLM's own tools."""
         self.metrics.registry.register(self.vllm_counters)

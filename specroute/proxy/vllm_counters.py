@@ -92,23 +92,32 @@ class VllmCounters:
         backends: Callable[[], Sequence[Backend]],
         client: UpstreamClient,
         timeout_s: float,
+        interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`interval_s`: readings begin at least this far apart (a flood of `/metrics` costs
+        the backends one reading per interval)."""
         self._backends = backends
         self._client = client
         self._timeout_s = timeout_s
+        self._interval_s = interval_s
         self._clock = clock
         self._lock = asyncio.Lock()
         self._last_began: float | None = None
         self.totals = SpecTotals()
 
     async def refresh(self) -> None:
-        """Read every vLLM backend's `/metrics` (all at once), unless a reading begun since
-        this call already did; a backend that does not answer keeps its last figures."""
+        """Read every vLLM backend's `/metrics` (all at once) in a reading begun no earlier
+        than this call: one already begun since is shared, and one comes at most every
+        `interval_s`; a backend that does not answer keeps its last figures."""
         called = self._clock()
         async with self._lock:
-            if self._last_began is not None and self._last_began >= called:
-                return
+            if self._last_began is not None:
+                if self._last_began >= called:
+                    return
+                wait = self._last_began + self._interval_s - self._clock()
+                if wait > 0:  # paced, as the proxy's own rendering (`paced`)
+                    await asyncio.sleep(wait)
             self._last_began = self._clock()
             targets = [b for b in self._backends() if b.engine == "vllm"]
             if not targets:
