@@ -110,6 +110,8 @@ class VllmCounters:
         """Read every vLLM backend's `/metrics` (all at once) in a reading begun no earlier
         than this call: one already begun since is shared, and one comes at most every
         `interval_s`; a backend that does not answer keeps its last figures."""
+        if not any(b.engine == "vllm" for b in self._backends()):
+            return  # an SGLang pool's /metrics neither waits nor reads anything here
         called = self._clock()
         async with self._lock:
             if self._last_began is not None:
