@@ -99,6 +99,12 @@ $(VLLM_STAMP): deploy/vllm-check/requirements.txt deploy/vllm-check/requirements
 vllm-check: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m specroute.tune.vllm_matrix
 
+# vLLM's own benchmark client (`vllm bench serve`) through the proxy in front of emulated vLLM
+# servers: its accept length against specroute bench's and the servers' counters (within 5%).
+.PHONY: vllm-bench-serve
+vllm-bench-serve: $(VENV_STAMP) $(VLLM_STAMP)
+	$(PY) benchmarks/vllm_bench_serve.py --vllm-venv $(VLLM_VENV)
+
 # The dashboard's browser test drives Debian's chromium (never a downloaded browser). CI runs as
 # root on a fresh machine, so `make test` installs it there; elsewhere without root the test skips.
 .PHONY: browser dashboard-screenshot

@@ -94,3 +94,17 @@ def test_launched_emulated_vllm_pool_is_recognised_and_routed(tmp_path: Path) ->
         assert seen == {"1", "3"}
     finally:
         stop(process)
+
+
+def test_speculative_vllm_servers_report_per_request_acceptance() -> None:
+    """Each speculative server (real or emulated) says what every reply accepted; vLLM refuses
+    the flag without speculation, so depth 0 goes without; `--vllm-arg` comes later and wins."""
+    plain, deep = (list(s.argv) for s in build_plan(EAGLE3).servers)
+    flag = "--per-request-spec-decode-metrics"
+    assert flag not in plain
+    assert deep[deep.index(flag) + 1] == "summary"
+    assert deep.index(flag) < deep.index("--gpu-memory-utilization=0.85")
+    emulated = LaunchOptions(model="emulated", steps=(0, 3), engine="vllm", emulate=True)
+    plain, deep = (list(s.argv) for s in build_plan(emulated).servers)
+    assert flag not in plain
+    assert deep[deep.index(flag) + 1] == "summary"

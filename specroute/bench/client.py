@@ -46,6 +46,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     chunk_tokens: list[int] = msgspec.field(default_factory=list)
     spec_verify_ct: int | None = None
     spec_accept_length: float | None = None
+    spec_accepted_drafts: int | None = None
+    """Draft tokens accepted over `spec_verify_ct` verifies: vLLM's per-request figure."""
     phase: str = ""
     backend: str = ""
     """The backend a specroute proxy sent it to (`x-specroute-backend`), if it said."""
@@ -108,6 +110,19 @@ class _Sglext(msgspec.Struct):
     spec_tokens_details: _Details | None = None
 
 
+class _SpecDecoding(msgspec.Struct):
+    """vLLM's `metrics.speculative_decoding` (`--per-request-spec-decode-metrics`; in streams on
+    the usage chunk; vllm/entrypoints/generate/base/protocol.py)."""
+
+    num_spec_steps: int = 0
+    num_accepted_draft_tokens: int = 0
+    mean_acceptance_length: float | None = None
+
+
+class _Metrics(msgspec.Struct):
+    speculative_decoding: _SpecDecoding | None = None
+
+
 class _TextDelta(msgspec.Struct):
     text: str | None = None
 
@@ -122,6 +137,7 @@ class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: _Usage | None = None
     sglext: _Sglext | None = None
+    metrics: _Metrics | None = None
     error: Any = None
     type: str = ""
     delta: str | _TextDelta | None = None
@@ -162,6 +178,11 @@ class _StreamState:
         if chunk.sglext is not None and chunk.sglext.spec_tokens_details is not None:
             record.spec_verify_ct = chunk.sglext.spec_tokens_details.spec_verify_ct
             record.spec_accept_length = chunk.sglext.spec_tokens_details.spec_accept_length
+        spec = chunk.metrics.speculative_decoding if chunk.metrics else None
+        if spec is not None and spec.num_spec_steps:
+            record.spec_verify_ct = spec.num_spec_steps
+            record.spec_accepted_drafts = spec.num_accepted_draft_tokens
+            record.spec_accept_length = spec.mean_acceptance_length
         grew = chunk.usage is not None and chunk.usage.completion_tokens > (
             self.cumulative[-1] if self.cumulative else 0
         )

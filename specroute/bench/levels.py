@@ -28,8 +28,9 @@ ACCEPT_TOLERANCE = 0.05
 
 
 class AcceptLengths(msgspec.Struct, kw_only=True):
-    """Tokens per verify step, by source: chunks, per-request `sglext`, `/metrics` deltas, and
-    `/server_info`'s lifetime average (None where the source is not available)."""
+    """Tokens per verify step, by source: chunks, the server's per-request figures (`sglext`:
+    SGLang's `sglext.spec_tokens_details`, or vLLM's `metrics.speculative_decoding`), `/metrics`
+    deltas, and `/server_info`'s lifetime average (None where the source is not available)."""
 
     chunks: float | None = None
     sglext: float | None = None
@@ -83,7 +84,11 @@ def _accept(records: Sequence[RequestRecord]) -> AcceptLengths:
     for record in records:
         tokens, steps = chunk_accept_length(record.chunk_tokens)
         chunk_tokens, chunk_steps = chunk_tokens + tokens, chunk_steps + steps
-        if record.spec_verify_ct:
+        if record.spec_verify_ct and record.spec_accepted_drafts is not None:
+            # vLLM's per-request figures: each verify's bonus token plus its accepted drafts.
+            sg_tokens += record.spec_verify_ct + record.spec_accepted_drafts
+            sg_steps += record.spec_verify_ct
+        elif record.spec_verify_ct:
             sg_tokens += record.completion_tokens
             sg_steps += record.spec_verify_ct
     return AcceptLengths(

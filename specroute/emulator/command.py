@@ -75,6 +75,9 @@ def _server_flags(group: argparse._ArgumentGroup) -> None:
         help="the dialect: SGLang 0.5.23's, or vLLM's OpenAI server (same physics)")
     add("--num-speculative-tokens-per-batch-size", type=json.loads, default=None, metavar="JSON",
         help="with --engine vllm: vLLM's dynamic K table, [[first, last, K], ...] batch sizes")
+    add("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"),
+        default="none", help="with --engine vllm: each reply's speculative figures under "
+        "metrics.speculative_decoding (streams: on the usage chunk), as vLLM 0.33")
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=SGLANG_PORT, help="SGLang's default port")
     add("--fd", type=int, default=None, metavar="N",

@@ -38,6 +38,8 @@ class Req:
     correct_drafts: int = 0
     proposed_drafts: int = 0
     histogram: list[int] = field(default_factory=list)
+    steps_log: list[tuple[int, int]] | None = None
+    """(drafted, accepted) per verify, in order; kept only when the engine `log_steps`."""
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
@@ -112,6 +114,8 @@ class Engine:
         self.running: list[Req] = []
         self._by_rid: dict[str, Req] = {}
         self._rng = random.Random(seed)
+        self.log_steps = False
+        """Keep each request's `steps_log` (vLLM's detailed per-request metrics)."""
 
     @property
     def idle(self) -> bool:
@@ -151,6 +155,7 @@ class Engine:
             klass=klass,
             rates=self._draw_rates(klass),
             arrival=self.clock,
+            steps_log=[] if self.log_steps else None,
         )
         self.waiting.append(seq)
         self._by_rid[rid] = seq
@@ -230,6 +235,8 @@ class Engine:
         if len(seq.histogram) <= accepted:
             seq.histogram.extend([0] * (accepted + 1 - len(seq.histogram)))
         seq.histogram[accepted] += 1
+        if seq.steps_log is not None:
+            seq.steps_log.append((steps, accepted))
         return accepted
 
     def _emit(self, seq: Req, tokens: int) -> Emission:

@@ -12,6 +12,7 @@ from specroute.emulator.adaptive import (
     check_initial_steps,
 )
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.emulator.vllm_request_metrics import SpecMetricsLevel
 from specroute.emulator.vllm_schedule import DynamicSchedule
 
 __all__ = ["SGLANG_PORT", "SPEC_ALGORITHMS", "VLLM_DEFAULT_MAX_NUM_SEQS", "EmulatorOptions"]
@@ -64,6 +65,8 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """The dialect it speaks: SGLang's, or vLLM's (`emulator.vllm_server`); one physics."""
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
     """vLLM's dynamic K table: (first batch size, last batch size, K) ranges (`vllm_schedule`)."""
+    per_request_spec_decode_metrics: SpecMetricsLevel = "none"
+    """vLLM's `--per-request-spec-decode-metrics`: `metrics.speculative_decoding` on replies."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -74,6 +77,10 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             if self.engine != "vllm":
                 raise ValueError("--num-speculative-tokens-per-batch-size needs --engine vllm")
             DynamicSchedule(self.num_speculative_tokens_per_batch_size, self.steps)  # checks it
+        if self.per_request_spec_decode_metrics != "none" and (
+            self.engine != "vllm" or self.steps == 0
+        ):  # vLLM refuses the flag without speculative decoding (vllm/config/vllm.py)
+            raise ValueError("--per-request-spec-decode-metrics needs --engine vllm and --steps")
         if self.engine == "vllm" and (self.speculative_adaptive or self.speculative_algorithm):
             raise ValueError("--engine vllm takes --steps only (num_speculative_tokens)")
         if self.speculative_adaptive:

@@ -105,9 +105,14 @@ def build_vllm(options: EmulatorOptions) -> tuple[Litestar, Emulator]:
     emu = Emulator(
         options,
         stats=functools.partial(VllmStats, steps=options.steps),
-        responder=VllmResponder,
+        responder=functools.partial(
+            VllmResponder,
+            spec_metrics=options.per_request_spec_decode_metrics,
+            num_spec_tokens=options.steps,
+        ),
         schedule=DynamicSchedule(table, options.steps) if table else None,
     )
+    emu.engine.log_steps = options.per_request_spec_decode_metrics == "detailed"
 
     def provide() -> Emulator:
         return emu

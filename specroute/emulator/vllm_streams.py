@@ -5,7 +5,9 @@ The shapes follow vllm/entrypoints/openai/chat_completion/serving.py and
 completion/serving.py: a chat stream opens with a role-only chunk, each step's tokens are one
 chunk, the finish reason rides on the last content chunk (no finish chunk of its own), and with
 `stream_options.include_usage` one last chunk carries `usage` and no choices; bodies have no
-`sglext`, `matched_stop` or `metadata`, but vLLM's `stop_reason`.
+`sglext`, `matched_stop` or `metadata`, but vLLM's `stop_reason`. With
+`--per-request-spec-decode-metrics`, the usage chunk and whole bodies carry `metrics`
+(`vllm_request_metrics`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from specroute.emulator.faults import MALFORMED_EVENT
+from specroute.emulator.driver import Driver
+from specroute.emulator.faults import MALFORMED_EVENT, Faults
 from specroute.emulator.streams import DONE_EVENT, Reply, Responder
+from specroute.emulator.vllm_request_metrics import SpecMetricsLevel, request_metrics
 from specroute.emulator.wire import encode, usage
 
 __all__ = ["VllmResponder"]
@@ -22,6 +26,20 @@ __all__ = ["VllmResponder"]
 
 class VllmResponder(Responder):
     """Builds every generation response of one emulated vLLM server."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        faults: Faults,
+        *,
+        speculative: bool,
+        spec_metrics: SpecMetricsLevel = "none",
+        num_spec_tokens: int = 0,
+    ) -> None:
+        """`spec_metrics`: `--per-request-spec-decode-metrics`; `num_spec_tokens`: K."""
+        super().__init__(driver, faults, speculative=speculative)
+        self.spec_metrics: SpecMetricsLevel = spec_metrics
+        self.num_spec_tokens = num_spec_tokens
 
     def _chunk(self, reply: Reply, kind: str, choice: dict[str, Any]) -> bytes:
         body: dict[str, Any] = {**reply.envelope(kind), "choices": [choice]}
@@ -80,6 +98,11 @@ class VllmResponder(Responder):
             return DONE_EVENT
         counts = usage(reply.job.seq.prompt_tokens, reply.job.produced)
         body = {**reply.envelope(kind), "choices": [], "usage": counts}
+        metrics = request_metrics(
+            reply.job.seq, self.spec_metrics, self.num_spec_tokens, stream=True
+        )
+        if metrics is not None:
+            body["metrics"] = metrics
         return b"data: " + encode(body) + b"\n\n" + DONE_EVENT
 
     def chat_body(self, reply: Reply) -> bytes:
@@ -100,4 +123,7 @@ class VllmResponder(Responder):
         body: dict[str, Any] = {**reply.envelope(kind), "choices": [choice]}
         body["usage"] = usage(reply.job.seq.prompt_tokens, reply.job.produced)
         body["prompt_logprobs"] = None
+        body["metrics"] = request_metrics(
+            reply.job.seq, self.spec_metrics, self.num_spec_tokens, stream=False
+        )
         return encode(body)

@@ -11,7 +11,12 @@ from typing import Annotated, Literal
 import msgspec
 
 from specroute.cmdline import UsageError, parse_ints
-from specroute.launch.vllm_argv import VLLM_READY_PATH, VllmServer, vllm_server_args
+from specroute.launch.vllm_argv import (
+    PER_REQUEST_SPEC_METRICS,
+    VLLM_READY_PATH,
+    VllmServer,
+    vllm_server_args,
+)
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
 __all__ = [
@@ -253,6 +258,8 @@ def server_argv(
     argv += ["--max-running-requests", str(options.running_limit(steps))]
     if options.engine == "vllm":
         argv += ["--engine", "vllm"]
+        if steps > 0:
+            argv += ["--per-request-spec-decode-metrics", PER_REQUEST_SPEC_METRICS]
     elif steps > 0:
         argv += ["--speculative-algorithm", options.algorithm]
     if options.model != EMULATED_MODEL:

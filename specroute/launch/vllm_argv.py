@@ -14,6 +14,7 @@ import json
 from collections.abc import Sequence
 
 __all__ = [
+    "PER_REQUEST_SPEC_METRICS",
     "VLLM_METHODS",
     "VLLM_READY_PATH",
     "VllmServer",
@@ -23,6 +24,10 @@ __all__ = [
 
 VLLM_METHODS = {"NEXTN": "mtp", "EAGLE": "eagle", "EAGLE3": "eagle3"}
 """The launcher's `--algorithm` as vLLM's `speculative_config.method`."""
+PER_REQUEST_SPEC_METRICS = "summary"
+"""`--per-request-spec-decode-metrics` on every speculative server (vLLM refuses it without
+speculation): each reply then says what it accepted, and the pool learns each class's
+acceptance exactly (vllm/config/observability.py). `--vllm-arg` can set it back to `none`."""
 VLLM_READY_PATH = "/health"
 """vLLM has no /ready; its /health answers 200 once the engine runs."""
 
@@ -61,10 +66,11 @@ def speculative_config(server: VllmServer) -> str:
 
 
 def vllm_server_args(server: VllmServer, extra: Sequence[str] = ()) -> list[str]:
-    """`serve MODEL` and its flags (depth 0: no speculation), then `extra`."""
+    """`serve MODEL` and its flags (depth 0: no speculation), then `extra` (which wins)."""
     args = ["serve", server.model, "--host", server.host, "--port", str(server.port)]
     args += ["--tensor-parallel-size", str(server.tp)]
     if server.steps > 0:
         args += ["--speculative-config", speculative_config(server)]
+        args += ["--per-request-spec-decode-metrics", PER_REQUEST_SPEC_METRICS]
     args += ["--max-num-seqs", str(server.max_num_seqs)]
     return [*args, *extra]

@@ -90,6 +90,7 @@ def check_args(argv: Sequence[str]) -> dict[str, Any]:
         "num_speculative_tokens": spec.get("num_speculative_tokens"),
         "draft_model": spec.get("model"),
         "max_num_seqs": engine.max_num_seqs,
+        "per_request_spec_decode_metrics": engine.per_request_spec_decode_metrics,
         "tensor_parallel_size": engine.tensor_parallel_size,
         "port": args.port,
     }

@@ -142,6 +142,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int | None = None
     chunks: int = 0
     verify_count: int | None = None
+    accepted_drafts: int | None = None
+    """Draft tokens accepted over `verify_count` verifies (vLLM's per-request metrics)."""
     accept_length: float | None = None
     ttft_s: float | None = None
     chunk_gaps_s: tuple[float, ...] = ()

@@ -1,9 +1,10 @@
 """Outcomes into estimates: per-class acceptance and length, per-backend iteration time and
 quiet times (before a stream's first token and between its chunks, for its stall limits).
 
-`Telemetry.observe` picks the most exact acceptance source an outcome has (SGLang's
-`sglext.spec_tokens_details`, else tokens per stream chunk, else the backend's scraped accept
-length) and times the gaps between chunks against the backend's mean batch during the request.
+`Telemetry.observe` picks the most exact acceptance source an outcome has (vLLM's per-request
+`metrics.speculative_decoding`, SGLang's `sglext.spec_tokens_details`, else tokens per stream
+chunk, else the backend's scraped accept length) and times the gaps between chunks against the
+backend's mean batch during the request.
 `Telemetry.classes()` is what policies see, rebuilt only after something new was learned.
 """
 
@@ -44,6 +45,9 @@ def accept_sample(
     if not steps or outcome.status != 200 or outcome.error is not None:
         return None
     verifies = outcome.verify_count
+    if verifies and outcome.accepted_drafts is not None:
+        # vLLM's per-request metrics: exact, whatever the last verify's cut or a move.
+        return 1.0 + outcome.accepted_drafts / verifies, float(verifies), "request_metrics"
     if verifies and tokens > verifies:
         # The first token comes from prefill, not from a verify pass.
         return (tokens - 1) / verifies, float(verifies), "spec_details"

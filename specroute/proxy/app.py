@@ -106,6 +106,7 @@ def _handlers(state: ProxyState) -> list[Any]:
 
     @get("/metrics", opt=PUBLIC)
     async def metrics() -> Response[bytes]:
+        await state.vllm_counters.refresh()  # fresh, as `vllm bench serve` diffs them
         # As a header, not a media type: Litestar would append a second `; charset=utf-8`.
         return Response(await state.metrics_text.get(), headers={"content-type": CONTENT_TYPE})
 

@@ -37,9 +37,23 @@ class MetaInfo(msgspec.Struct):
     spec_accept_length: float | None = None
 
 
+class SpecDecoding(msgspec.Struct):
+    """vLLM's per-request `metrics.speculative_decoding` (`--per-request-spec-decode-metrics`;
+    vllm/entrypoints/generate/base/protocol.py, `SpeculativeDecodingMetrics`)."""
+
+    num_spec_steps: int | None = None
+    num_accepted_draft_tokens: int | None = None
+    mean_acceptance_length: float | None = None
+
+
+class RequestMetrics(msgspec.Struct):
+    speculative_decoding: SpecDecoding | None = None
+
+
 class Chunk(msgspec.Struct):
     choices: list[msgspec.Raw] = []
     usage: Usage | None = None
+    metrics: RequestMetrics | None = None
     sglext: SglExt | None = None
     meta_info: MetaInfo | None = None
     error: msgspec.Raw = msgspec.Raw()
@@ -54,6 +68,7 @@ class ReplyMeter:
 
     __slots__ = (
         "accept_length",
+        "accepted_drafts",
         "completion_tokens",
         "error",
         "prompt_tokens",
@@ -68,6 +83,8 @@ class ReplyMeter:
         self.completion_tokens: int | None = None
         self.verify_ct: int | None = None
         self.accept_length: float | None = None
+        self.accepted_drafts: int | None = None
+        """Draft tokens accepted over `verify_ct` verifies, where the engine says (vLLM)."""
         self.error: str | None = None
 
     def take(self, chunk: Chunk) -> None:
@@ -84,6 +101,11 @@ class ReplyMeter:
             self.completion_tokens = meta.completion_tokens
             self.verify_ct = meta.spec_verify_ct
             self.accept_length = meta.spec_accept_length
+        spec = chunk.metrics.speculative_decoding if chunk.metrics else None
+        if spec is not None and spec.num_spec_steps and spec.num_accepted_draft_tokens is not None:
+            self.verify_ct = spec.num_spec_steps
+            self.accepted_drafts = spec.num_accepted_draft_tokens
+            self.accept_length = spec.mean_acceptance_length
         error = bytes(chunk.error)
         if error and error != b"null":
             self.error = error.decode("utf-8", "replace")[:200]

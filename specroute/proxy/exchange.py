@@ -91,6 +91,7 @@ class Exchange:
             prompt_tokens=prompt,
             chunks=stream.chunks if stream is not None else 0,
             verify_count=meter.verify_ct,
+            accepted_drafts=meter.accepted_drafts,
             accept_length=meter.accept_length,
             ttft_s=self._attempt_ttft(),
             chunk_gaps_s=tuple(stream.gaps) if stream is not None else (),

@@ -15,6 +15,7 @@ from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
 from specroute.policies import ClassEstimate
 from specroute.pool import Backend, Hold, UpstreamFailure
 from specroute.proxy.state import ProxyState
+from specroute.proxy.vllm_info import vllm_server_info
 from specroute.wire import BackendSnapshot, ClassSnapshot, IterationFit, PoolEstimates, PoolSnapshot
 
 __all__ = [
@@ -164,13 +165,16 @@ async def proxied_info(state: ProxyState, path: str) -> bytes:
 async def server_info(state: ProxyState) -> dict[str, Any]:
     """One backend's /server_info, with `internal_states[0]` describing the whole pool (what
     sglang.bench_serving reads): its `avg_spec_accept_length` is the mean over backends weighted
-    by their generated tokens. `host` and `port` are the proxy's own, never a backend's."""
+    by their generated tokens. `host` and `port` are the proxy's own, never a backend's. A vLLM
+    backend is described by the pool (`vllm_info`); a pool of vLLM servers alone gets that."""
     healthy = state.pool.healthy()
     if not healthy:
         raise NoHealthyBackendError("no healthy backend", retry_after=1)
+    # vLLM has no /server_info (developer mode aside): the pool's knowledge answers for it.
+    asked = [b for b in healthy if b.engine != "vllm"]
     async with asyncio.TaskGroup() as group:
-        tasks = [(b, group.create_task(_fetch(state, b, "/server_info"))) for b in healthy]
-    infos: list[tuple[Backend, dict[str, Any]]] = []
+        tasks = [(b, group.create_task(_fetch(state, b, "/server_info"))) for b in asked]
+    infos = [(b, vllm_server_info(b)) for b in healthy if b.engine == "vllm"]
     for backend, task in tasks:
         body = task.result()
         if body is not None:
@@ -180,6 +184,7 @@ async def server_info(state: ProxyState) -> dict[str, Any]:
                 continue
     if not infos:
         raise UpstreamUnavailableError("no backend answered /server_info")
+    infos.sort(key=lambda pair: pair[0].engine == "vllm")  # an SGLang server's answer first
     base = scrub_secrets(infos[0][1])
     # Clients record these as the server they measured: that is this proxy (port 0: unknown).
     base["host"], base["port"] = state.config.host, state.config.port or None

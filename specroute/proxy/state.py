@@ -17,6 +17,7 @@ from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.paced import PacedRender
 from specroute.proxy.process import ProcessMonitor
 from specroute.proxy.request_log import RequestLogSampler
+from specroute.proxy.vllm_counters import VllmCounters
 
 __all__ = ["ProxyState"]
 
@@ -47,6 +48,14 @@ class ProxyState:
         self.metrics.registry.register(
             ProxyGauges(self.pool, self.admission, self.bodies, self.process)
         )
+        self.vllm_counters = VllmCounters(
+            lambda: self.pool.backends,
+            self.client,
+            config.health.timeout_s,
+            interval_s=limits.metrics_render_s,
+        )
+        """The vLLM backends' spec-decode counters, on `/metrics` for vLLM's own tools."""
+        self.metrics.registry.register(self.vllm_counters)
         self.metrics_text = PacedRender(self.metrics.render, limits.metrics_render_s)
         """`/metrics`, rendered at most once per `limits.metrics_render_s` however many ask."""
         self.started = time.time()  # wall clock only for `created` in /v1/models

@@ -10,11 +10,15 @@ from specroute.bench.report import format_grid
 from specroute.emulator.seed import SEED_TOLERANCE
 from specroute.profile_format import Profile
 from specroute.recommend import MIN_STEP_GAIN, Advice, StepGain
+from specroute.tune.engine_facts import EngineFacts
 from specroute.tune.report import SeedCheck, TuneReport
 
 __all__ = ["render"]
 
 _TITLES = {"per_request": "Per-request tok/s (mean of 1/TPOT)", "aggregate": "Aggregate tok/s"}
+
+
+_ENGINES = {"sglang": "SGLang", "vllm": "vLLM"}
 
 
 def _pct(value: float) -> str:
@@ -80,7 +84,8 @@ def _depth_table(report: TuneReport, markdown: bool) -> str:
             "/".join("-" if v is None else f"{v:.2f}" for v in d.accept.get(k, [])) for k in kinds
         ]
         rows.append(row)
-    title = "Capacity per depth (/server_info) and wall-clock times of this run"
+    source = report.engine.source if report.engine else "/server_info"
+    title = f"Capacity per depth ({source}) and wall-clock times of this run"
     return _section(title, format_grid(headers, rows, markdown=markdown), markdown)
 
 
@@ -172,11 +177,12 @@ def _seed(seed: SeedCheck, markdown: bool) -> str:
 
 def _head(report: TuneReport) -> str:
     kinds = ", ".join(f"{t.name} (temperature {t.temperature:g})" for t in report.traffic)
+    engine = _ENGINES[report.engine.engine if report.engine else "sglang"]
     where = (
-        f"EMULATED servers ({report.profile}, time scale {report.time_scale:g}, figures scaled "
-        "back to the emulated hardware)"
+        f"EMULATED {engine} servers ({report.profile}, time scale {report.time_scale:g}, "
+        "figures scaled back to the emulated hardware)"
         if report.emulated
-        else "SGLang"
+        else engine
     )
     first = report.traffic[0]
     return (
@@ -205,8 +211,17 @@ def _sections(report: TuneReport, profile: Profile, markdown: bool) -> Sequence[
     parts += [
         f"! {lab} was not measured: {m.splitlines()[0]}" for lab, m in report.failures.items()
     ]
+    if report.engine is not None and report.engine.cannot_tell:
+        parts.append(_engine(report.engine, markdown))
     parts.append(f"* best server at this level. The prior for --prior: {report.prior}")
     return parts
+
+
+def _engine(facts: EngineFacts, markdown: bool) -> str:
+    depths = ", ".join(f"{label} K={k}" for label, k in facts.depths.items())
+    lines = [f"{facts.engine}, method {facts.method}: {depths} (from the {facts.source})"]
+    lines += [f"- {note}" for note in facts.cannot_tell]
+    return _section(f"What {facts.engine} does not report", "\n".join(lines), markdown)
 
 
 def render(report: TuneReport, profile: Profile, *, markdown: bool = False) -> str:

@@ -22,6 +22,7 @@ from specroute.launch.argv import EMULATED_MODEL
 from specroute.profile_format import Point, Profile, Target, Traffic
 from specroute.recommend import Advice, advise, primary
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
+from specroute.tune.engine_facts import EngineFacts, engine_facts
 from specroute.tune.layout import ServerPlan, TuneLayout, TuneOptions
 from specroute.tune.run import DepthResult
 
@@ -83,6 +84,8 @@ class TuneReport(msgspec.Struct, frozen=True, kw_only=True):
     command: str | None
     seed: SeedCheck | None
     prior: str
+    engine: EngineFacts | None = None
+    """The engine measured, each server's K and method, and what that engine cannot tell."""
 
 
 def build_profile(results: Sequence[DepthResult], options: TuneOptions, source: str) -> Profile:
@@ -122,6 +125,18 @@ def _rows(results: Sequence[DepthResult], profile: Profile) -> list[DepthRow]:
             accept={k: _accept(targets[r.label], k) for k in r.sweeps if r.label in targets},
         )
         for r in results
+    ]
+
+
+def _configured(rows: list[DepthRow], facts: EngineFacts) -> list[DepthRow]:
+    """Rows whose server did not report its capacity (vLLM) show the launch's limit."""
+    if facts.source != "launch":
+        return rows
+    return [
+        msgspec.structs.replace(r, max_running_requests=facts.capacity.get(r.label))
+        if r.max_running_requests is None
+        else r
+        for r in rows
     ]
 
 
@@ -195,6 +210,8 @@ def launch_command(
     parts = ["specroute", "launch"]
     if launch.emulate:
         parts.append("--emulate")
+    if launch.engine != "sglang":
+        parts += ["--engine", launch.engine]
     if launch.model != EMULATED_MODEL:
         parts += ["--model", launch.model]
     parts += ["--steps", ",".join(str(s.steps) for s in servers)]
@@ -216,8 +233,11 @@ def launch_command(
         parts += ["--max-running-requests", every + per_depth]
     elif launch.max_running_requests != SPECULATIVE_DEFAULT_MAX_RUNNING:
         parts += ["--max-running-requests", str(launch.max_running_requests)]
-    flag = "--emulator-arg" if launch.emulate else "--sglang-arg"
-    extra = list(launch.emulator_args if launch.emulate else launch.sglang_args)
+    flag, extra = "--sglang-arg", list(launch.sglang_args)
+    if launch.emulate:
+        flag, extra = "--emulator-arg", list(launch.emulator_args)
+    elif launch.engine == "vllm":
+        flag, extra = "--vllm-arg", list(launch.vllm_args)
     if launch.emulate and options.profile not in (None, DEFAULT_PROFILE):
         extra.insert(0, f"--profile={options.profile}")
     if any(s.adaptive for s in servers):
@@ -256,6 +276,7 @@ def build_report(
             if not r.adaptive and r.facts.max_running_requests is not None
         }
         command = launch_command(options, chosen, str(layout.prior.resolve()), capacities)
+    facts = engine_facts(options, plans)
     model = options.launch.model
     if model == EMULATED_MODEL and profile.models:
         model = profile.models[0]
@@ -267,12 +288,13 @@ def build_report(
         traffic=profile.traffic,
         concurrency=list(options.concurrency),
         servers=options.servers,
-        depths=_rows(done, profile),
+        depths=_configured(_rows(done, profile), facts),
         failures=dict(failures),
         advice=advice,
         recommended_for=chosen_by.traffic if chosen_by else None,
         command=command,
         seed=seed_check(profile, options),
         prior=str(layout.prior),
+        engine=facts,
     )
     return report, profile

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Literal
 
 from specroute.launch.argv import LaunchOptions, ProcessPlan, build_plan
+from specroute.launch.vllm_argv import PER_REQUEST_SPEC_METRICS
 from specroute.launch.vllm_check import VllmRejected, check_args
 from specroute.tune.layout import TuneOptions, server_plans, traffic_kinds
 
@@ -65,6 +66,7 @@ def _check_one(plan: ProcessPlan) -> str | None:
     wanted = {
         "num_speculative_tokens": plan.steps or None,
         "max_num_seqs": int(argv[argv.index("--max-num-seqs") + 1]),
+        "per_request_spec_decode_metrics": PER_REQUEST_SPEC_METRICS if plan.steps else "none",
     }
     wrong = {k: resolved.get(k) for k, v in wanted.items() if resolved.get(k) != v}
     return f"read differently: {wrong}" if wrong else None
