@@ -1,0 +1,340 @@
+"""Depth follows load on a pool of vLLM servers, in virtual time: `depth_sim`'s pool and the
+product's own depth loop, with every server seen only as the proxy sees a vLLM backend.
+
+    .venv/bin/python benchmarks/vllm_pools.py --profile seed-qwen35-122b \\
+        --trace scenarios/depth-ramp.toml --pool auto --pool k3 --pool dynamic
+
+What differs from the SGLang pool of `depth_sim.py`, each from what vLLM exposes
+(`specroute/pool/engines.py`; vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py):
+- load: `vllm:num_requests_running` + `..._waiting`, scraped every `metrics_interval_s` and
+  written `VLLM_GAUGE_LAG_S` late (vllm-project/vllm#49538 reports 3-6 s), combined with the
+  proxy's own in-flight counts by the proxy's own `LoadMark` (its `gauge_lag_s` default);
+- acceptance: no per-request figure (`--per-request-spec-decode-metrics` is off by default), so
+  the proxy learns from tokens per stream chunk with vLLM's framing (role chunk, one chunk per
+  engine step, the finish reason on the last one), and the backend's windowed accept length
+  comes from the draft and accepted-token counters between two scrapes;
+- no `/server_info`: depth and capacity are the launch's (`--max-num-seqs`, vLLM's default
+  256 under the memory bound); a server with a `num_speculative_tokens_per_batch_size` table
+  is adaptive (its accept length belongs to no one depth).
+Restarts are charged as for SGLang: drain, stop, the profile's start-up, readmission.
+
+The dynamic-K pool is three servers with the table an operator writes from the tune
+measurements (`operator_table`): for each batch size measured, the K of the highest tok/s on
+the trace's class mix; ranges split half way between measured batch sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from depth_pools import ROOT, PoolSpec, pools
+from depth_sim import DepthSim
+from policy_sim import PROMPT_TOKENS, Node, Req
+from sim_results import SimResult
+
+from specroute.bench.trace import Phase, Scenario, load_scenario
+from specroute.config import HealthConfig, ReplicasConfig
+from specroute.emulator.engine import Engine
+from specroute.emulator.options import VLLM_DEFAULT_MAX_NUM_SEQS
+from specroute.emulator.profiles import Profile, get_profile, sampling_class
+from specroute.emulator.vllm_schedule import DynamicSchedule
+from specroute.logs import configure_logging
+from specroute.planner import Setting
+from specroute.policies import Outcome
+from specroute.pool.engines import STREAM_FRAMING
+from specroute.pool.load import LoadMark, Share, headroom
+from specroute.reconfigure import ReconfigureOptions
+from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
+from specroute.speculation import is_greedy
+from specroute.wire import PoolSnapshot
+
+VLLM_GAUGE_LAG_S = 4.5
+"""How late vLLM's running and waiting gauges are (vllm-project/vllm#49538: 3 to 6 s)."""
+SCRAPE_S = HealthConfig().metrics_interval_s
+GAUGE_LAG_S = ReplicasConfig().gauge_lag_s
+STALE_S = max(ReplicasConfig().scrape_stale_s, 2 * SCRAPE_S)
+HISTORY_S = 10.0
+"""Own counts the proxy keeps per backend (`pool/index.py`'s `_HISTORY_S`)."""
+MAX_K = 7
+TABLE_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+"""Batch sizes the operator's tune measured (up to the deepest server's capacity)."""
+Table = tuple[tuple[int, int, int], ...]
+
+
+@dataclass
+class VllmNode(Node):
+    """A backend with the proxy's load mark and the engine's lagging gauge."""
+
+    mark: LoadMark = field(default_factory=LoadMark)
+    history: deque[tuple[float, int]] = field(default_factory=deque)
+    """(time, requests there from then on): what the gauges show `VLLM_GAUGE_LAG_S` later."""
+    drafts: int = 0
+    accepted: int = 0
+    window: tuple[int, int] = (0, 0)
+    accept_length: float | None = None
+    scraped: int | None = None
+    """The gauges' sum at the last scrape."""
+
+    def add(self, delta: int, now: float) -> None:
+        super().add(delta, now)
+        self.mark.moved(self.in_flight, now, HISTORY_S)
+        self.history.append((now, self.in_flight))
+        while len(self.history) > 1 and self.history[1][0] <= now - VLLM_GAUGE_LAG_S - 1.0:
+            self.history.popleft()
+
+    def gauge(self, now: float) -> int:
+        """`num_requests_running + num_requests_waiting` as vLLM shows them at `now`."""
+        at = now - VLLM_GAUGE_LAG_S
+        index = bisect.bisect_right([t for t, _ in self.history], at) - 1
+        return self.history[index][1] if index >= 0 else 0
+
+    def scraped_accept_length(self) -> float | None:
+        """1 + accepted / drafts between this scrape and the last (the last while none)."""
+        drafts, accepted = self.drafts - self.window[0], self.accepted - self.window[1]
+        self.window = (self.drafts, self.accepted)
+        if drafts > 0:
+            self.accept_length = 1.0 + accepted / drafts
+        return self.accept_length
+
+
+class VllmSim(DepthSim):
+    """`DepthSim` whose servers are vLLM servers, as the proxy sees them."""
+
+    nodes: list[VllmNode]  # type: ignore[assignment]
+
+    def __init__(
+        self, profile: str, spec: PoolSpec, *, table: Table = (), direct: bool = False,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        self.table = table
+        self.direct = direct
+        """The loop reads the proxy's own in-flight counts instead of vLLM's lagging gauges
+        (what the load would look like without them; acceptance still as vLLM gives it)."""
+        super().__init__(profile, spec, **kwargs)
+        self.nodes = [VllmNode(n.name, n.engine) for n in self.nodes]
+
+    def _engine(self, setting: Setting, salt: int) -> Engine:
+        schedule = DynamicSchedule(self.table, setting.steps) if self.table else None
+        return Engine(self.profile, steps=setting.steps, seed=self.seed * 1000 + salt,
+                      max_running_requests=VLLM_DEFAULT_MAX_NUM_SEQS,
+                      schedule=schedule)  # fmt: skip
+
+    def learn(self, req: Req, generated: int, verify: int, error: str | None = None) -> None:
+        """The `Outcome` the proxy makes of a vLLM stream: no per-request verify count; the
+        chunks are the role chunk and one per engine step."""
+        node = self.nodes[req.backend]
+        if error is None and generated > 1:
+            node.drafts += verify
+            node.accepted += max(0, generated - 1 - verify)
+        elapsed = self.now - req.start
+        mean = (node.load_area(self.now) - req.area0) / elapsed if elapsed > 0 else None
+        node.add(-1, self.now)
+        gaps = tuple(b - a for a, b in zip(req.times, req.times[1:], strict=False))
+        dynamic = bool(self.table)
+        outcome = Outcome(
+            backend=node.name, steps=node.engine.steps, workload_class=req.klass, status=200,
+            stream=True, completion_tokens=generated, chunks=len(req.times) + 1,
+            verify_count=None, ttft_s=req.times[0] - req.start if req.times else None,
+            chunk_gaps_s=gaps, duration_s=elapsed, in_flight_at_start=0, mean_in_flight=mean,
+            error=error, lane=req.lane,
+        )  # fmt: skip
+        self.telemetry.observe(outcome, capacity=node.engine.max_running_requests,
+                               scraped=node.accept_length, acceptance=not dynamic,
+                               framing=STREAM_FRAMING["vllm"])  # fmt: skip
+        self.policy.observe(outcome)
+
+    # -- what the proxy knows of a vLLM backend --------------------------------------------------
+
+    def _start_loop(self) -> Any:
+        loop = super()._start_loop()
+        self.scraper = asyncio.create_task(self._scrape_forever())
+        return loop
+
+    async def _scrape_forever(self) -> None:
+        """The proxy's scraper: each reachable backend's /metrics every `SCRAPE_S`."""
+        while True:
+            await self.sleep(SCRAPE_S)
+            for node, slot in zip(self.nodes, self.slots, strict=True):
+                if slot.state != "starting":
+                    node.scraped = node.gauge(self.now)
+                    node.mark.scraped(node.scraped, node.in_flight, self.now, GAUGE_LAG_S)
+                    node.scraped_accept_length()
+
+    def snapshot(self) -> PoolSnapshot:
+        """`GET /pool` with vLLM's view of each backend: no gauge of its own but the lagging
+        scrape, the proxy's combined load and room, the counters' accept length."""
+        base = super().snapshot()
+        if self.direct:
+            return base
+        backends = []
+        for b, node, slot in zip(base.backends, self.nodes, self.slots, strict=True):
+            up = slot.state != "starting"
+            cap = node.engine.max_running_requests
+            total = node.scraped
+            extra: dict[str, object] = {
+                "steps": node.engine.steps if up else None, "algorithm": "mtp",
+                "adaptive": bool(self.table),
+                "combined": node.mark.combined(node.in_flight, self.now, STALE_S),
+                "headroom": headroom(node.mark, node.in_flight, cap, Share(), now=self.now,
+                                     stale_after_s=STALE_S),
+                "running": None if total is None or not up else min(total, cap),
+                "queued": None if total is None or not up else max(0, total - cap),
+                "accept_length": node.accept_length if up else None,
+            }  # fmt: skip
+            backends.append(msgspec.structs.replace(b, **extra))
+        return msgspec.structs.replace(base, backends=backends)
+
+
+# -- the operator's dynamic-K table ------------------------------------------------------------
+
+
+def measured_rate(profile: Profile, k: int, batch: int, greedy: bool) -> float:
+    """tok/s of one server at depth `k` running `batch` long requests of one class (what tune
+    measures at that concurrency)."""
+    engine = Engine(profile, steps=k, max_running_requests=batch, seed=batch * 31 + k)
+    temperature = 0.0 if greedy else 1.0
+    for i in range(batch):
+        engine.submit(f"t{i}", prompt_tokens=PROMPT_TOKENS, max_new_tokens=100_000,
+                      klass=sampling_class(temperature), ignore_eos=True)  # fmt: skip
+    tokens, seconds = 0, 0.0
+    for _ in range(max(80, 4000 // batch)):
+        it = engine.step()
+        if it is None or it.prefilled:
+            continue
+        tokens += sum(e.tokens for e in it.emissions)
+        seconds += it.duration
+    return tokens / seconds if seconds else 0.0
+
+
+def _greedy(scenario: Scenario, phase: Phase) -> float:
+    mix = phase.mix or scenario.mix
+    total = sum(s.weight for s in mix) or 1.0
+    return sum(s.weight for s in mix if is_greedy(s.temperature)) / total
+
+
+def _size(batch: int, cap: int) -> int:
+    """The measured batch size that stands for `batch` requests on a server holding `cap`."""
+    return max(s for s in TABLE_BATCHES if s <= max(1, min(batch, cap)))
+
+
+def operator_table(profile: Profile, scenario: Scenario, servers: int = 3) -> tuple[int, Table]:
+    """(num_speculative_tokens, table) as an operator who knows the trace writes them from
+    tune's measurements: each phase puts `concurrency / servers` requests on a server, of its
+    class mix (the iteration time does not depend on the class: a mix's rate is its classes'
+    rates weighted). At each measured batch size, the best K for the mix of the phases that
+    load a server that much; `num_speculative_tokens` (which sizes the memory, so the
+    capacity) the deepest K whose table gives the most tokens over the trace."""
+    loads = [(max(1, math.ceil(p.concurrency / servers)), _greedy(scenario, p), p.duration)
+             for p in scenario.phases]  # fmt: skip
+    overall = sum(g * d for _, g, d in loads) / sum(d for _, _, d in loads)
+    mix: dict[int, float] = {}
+    for s in TABLE_BATCHES:
+        near = [(g, d) for b, g, d in loads if _size(b, VLLM_DEFAULT_MAX_NUM_SEQS) == s]
+        mix[s] = sum(g * d for g, d in near) / sum(d for _, d in near) if near else overall
+    classes: dict[tuple[int, int], tuple[float, float]] = {}
+    for k in range(MAX_K + 1):
+        for b in TABLE_BATCHES:
+            if b <= min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(k)):
+                classes[k, b] = (measured_rate(profile, k, b, True),
+                                 measured_rate(profile, k, b, False))  # fmt: skip
+
+    def rate(k: int, size: int, greedy: float) -> float:
+        g, s = classes[k, size]
+        return greedy * g + (1 - greedy) * s
+
+    def best(deepest: int, b: int, greedy: float) -> int:
+        size = _size(b, min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(deepest)))
+        return max(range(deepest + 1), key=lambda k: rate(k, size, greedy))
+
+    def value(deepest: int) -> float:
+        cap = min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(deepest))
+        return sum(d * rate(best(deepest, b, mix[_size(b, 10**9)]), _size(b, cap), g)
+                   for b, g, d in loads)  # fmt: skip
+
+    deepest = max(range(MAX_K + 1), key=value)
+    cap = min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(deepest))
+    sizes = [b for b in TABLE_BATCHES if b <= cap]
+    ranges: list[list[int]] = []
+    for i, b in enumerate(sizes):
+        k = best(deepest, b, mix[b])
+        if ranges and ranges[-1][2] == k:
+            continue
+        start = 1 if i == 0 else (sizes[i - 1] + b) // 2 + 1
+        if ranges:
+            ranges[-1][1] = start - 1
+        ranges.append([start, start, k])
+    ranges[-1][1] = VLLM_DEFAULT_MAX_NUM_SEQS
+    return max(r[2] for r in ranges), tuple((a, b, k) for a, b, k in ranges)
+
+
+# -- pools and runs -----------------------------------------------------------------------------
+
+
+AUTO = {"auto": "", "auto-k7": ",".join(map(str, range(MAX_K + 1))), "auto-direct": ""}
+"""The loop's pools: launch's default depths, every depth tune measured (0-7), and launch's
+default depths reading the proxy's own in-flight counts instead of vLLM's gauges."""
+
+
+def vllm_pools() -> list[str]:
+    """auto and its variants, the launched mix, fixed K 0..7, the operator's dynamic-K table."""
+    return [*AUTO, "mix-1-2-3", *(f"k{k}" for k in range(MAX_K + 1)), "dynamic"]
+
+
+def simulate(
+    profile: str, pool: str, scenario: Scenario, *, seed: int = 0, scale: float = 1.0,
+    **kwargs: Any,
+) -> tuple[SimResult, Table]:  # fmt: skip
+    """One pool on one trace; the dynamic pool's table is returned beside its result."""
+    table: Table = ()
+    if pool in AUTO:
+        spec = pools()["auto"]
+        if AUTO[pool]:
+            kwargs["reconfigure"] = msgspec.structs.replace(
+                kwargs.get("reconfigure") or ReconfigureOptions(mode="auto"),
+                allowed_steps=allowed_steps(AUTO[pool]))  # fmt: skip
+        kwargs["direct"] = pool == "auto-direct"
+    elif pool == "dynamic":
+        steps, table = operator_table(get_profile(profile), scenario)
+        spec = PoolSpec((Setting(steps=steps),) * 3, "least_loaded")
+    else:
+        spec = pools()[pool]
+    sim = VllmSim(profile, spec, table=table, seed=seed, **kwargs)
+    return sim.run(scenario, pool, scale), table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="seed-qwen35-122b")
+    parser.add_argument("--trace", default=str(ROOT / "scenarios" / "depth-swing.toml"))
+    parser.add_argument("--pool", action="append", default=[], choices=vllm_pools())
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply phase durations")
+    parser.add_argument("--seed", type=int, default=0)
+    add_planner_arguments(parser)  # --allowed-steps, --min-dwell, --planner-option: launch's
+    args = parser.parse_args()
+    configure_logging("warning")
+    options = ReconfigureOptions(mode="auto", allowed_steps=allowed_steps(args.allowed_steps),
+                                 min_dwell_s=args.min_dwell,
+                                 planner=planner_fields(args.planner_option))  # fmt: skip
+    scenario = load_scenario(args.trace)
+    for pool in args.pool or ["auto"]:
+        r, table = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
+                            reconfigure=options)  # fmt: skip
+        agg, avg, p10 = r.window(0.0, r.phases[-1][2])
+        cells = " ".join(f"{r.window(s, e)[0]:7.0f}" for _, s, e in r.phases)
+        print(f"{pool:12} total {agg:7.0f} mean {avg:6.1f} p10 {p10:6.1f} | {cells}")
+        if table:
+            print(f"   num_speculative_tokens_per_batch_size {[list(t) for t in table]}")
+        for x in r.restarts:
+            print(f"   {x.began:8.0f}s {x.server} {x.before} -> {x.after} ready "
+                  f"{x.ready or float('nan'):8.0f}s aborted {x.aborted}: {x.reason}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
