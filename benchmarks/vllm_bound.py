@@ -92,7 +92,9 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
 
 HEADER = (
     "| profile | trace | pool | tok/s | best fixed (k0-k3) | best fixed (k0-k7) "
-    "| launched mix (1/2/3) | dynamic-K table | its table (batch sizes: K) | restarts |\n" + "|---" * 10 + "|"
+    "| launched mix (1/2/3) | dynamic-K table | its table (batch sizes: K) | restarts |\n"
+    + "|---" * 10
+    + "|"
 )
 
 
