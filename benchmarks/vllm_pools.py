@@ -47,7 +47,7 @@ from specroute.emulator.profiles import Profile, get_profile, sampling_class
 from specroute.emulator.vllm_schedule import DynamicSchedule
 from specroute.logs import configure_logging
 from specroute.planner import Setting
-from specroute.policies import Outcome
+from specroute.policies import Outcome, PoolView
 from specroute.pool.engines import STREAM_FRAMING
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.reconfigure import ReconfigureOptions
@@ -115,8 +115,8 @@ class VllmSim(DepthSim):
     ) -> None:  # fmt: skip
         self.table = table
         self.direct = direct
-        """The loop reads the proxy's own in-flight counts instead of vLLM's lagging gauges
-        (what the load would look like without them; acceptance still as vLLM gives it)."""
+        """The loop and the policy read the proxy's own in-flight counts instead of vLLM's
+        lagging gauges (the load as if known exactly; acceptance still as vLLM gives it)."""
         super().__init__(profile, spec, **kwargs)
         self.nodes = [VllmNode(n.name, n.engine) for n in self.nodes]
 
@@ -152,10 +152,14 @@ class VllmSim(DepthSim):
 
     # -- what the proxy knows of a vLLM backend --------------------------------------------------
 
-    def _start_loop(self) -> Any:
-        loop = super()._start_loop()
-        self.scraper = asyncio.create_task(self._scrape_forever())
-        return loop
+    async def _run(self, *args: Any) -> SimResult:
+        """The trace, with the proxy's scraper beside it (routing reads its scrapes too)."""
+        scraper = asyncio.create_task(self._scrape_forever())
+        await self._settle()
+        try:
+            return await super()._run(*args)
+        finally:
+            scraper.cancel()
 
     async def _scrape_forever(self) -> None:
         """The proxy's scraper: each reachable backend's /metrics every `SCRAPE_S`."""
@@ -166,6 +170,22 @@ class VllmSim(DepthSim):
                     node.scraped = node.gauge(self.now)
                     node.mark.scraped(node.scraped, node.in_flight, self.now, GAUGE_LAG_S)
                     node.scraped_accept_length()
+
+    def _load(self, node: VllmNode) -> dict[str, Any]:
+        """The proxy's combined count and room for one backend (`pool/index.py`'s `_load`)."""
+        cap = node.engine.max_running_requests
+        return {"combined": node.mark.combined(node.in_flight, self.now, STALE_S),
+                "headroom": headroom(node.mark, node.in_flight, cap, Share(), now=self.now,
+                                     stale_after_s=STALE_S)}  # fmt: skip
+
+    def view(self, nodes: list[int]) -> PoolView:
+        """What a policy sees: the backends' load as the proxy combines it with the scrapes."""
+        base = super().view(nodes)
+        if self.direct:
+            return base
+        backends = tuple(msgspec.structs.replace(b, **self._load(self.nodes[i]))
+                         for b, i in zip(base.backends, nodes, strict=True))  # fmt: skip
+        return msgspec.structs.replace(base, backends=backends)
 
     def snapshot(self) -> PoolSnapshot:
         """`GET /pool` with vLLM's view of each backend: no gauge of its own but the lagging
@@ -181,9 +201,7 @@ class VllmSim(DepthSim):
             extra: dict[str, object] = {
                 "steps": node.engine.steps if up else None, "algorithm": "mtp",
                 "adaptive": bool(self.table),
-                "combined": node.mark.combined(node.in_flight, self.now, STALE_S),
-                "headroom": headroom(node.mark, node.in_flight, cap, Share(), now=self.now,
-                                     stale_after_s=STALE_S),
+                **self._load(node),
                 "running": None if total is None or not up else min(total, cap),
                 "queued": None if total is None or not up else max(0, total - cap),
                 "accept_length": node.accept_length if up else None,
