@@ -21,8 +21,7 @@ from pathlib import Path
 import msgspec
 from depth_bound import PROFILES, SOURCES, TRACES
 from depth_pools import ROOT
-from sim_results import SimResult
-from vllm_pools import AUTO, MAX_K, Table, simulate, vllm_pools
+from vllm_pools import AUTO, MAX_K, Run, simulate, vllm_pools
 
 from specroute.bench.trace import load_scenario
 from specroute.logs import configure_logging
@@ -30,15 +29,11 @@ from specroute.logs import configure_logging
 CACHE = ROOT / "benchmarks" / "results" / "vllm-bound"
 LOOP = ("specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py")
 OWN = ("benchmarks/vllm_pools.py", "benchmarks/depth_bound.py", "specroute/pool/load.py",
-       "specroute/pool/engines.py", "specroute/emulator/vllm_schedule.py")  # fmt: skip
+       "specroute/pool/engines.py", "specroute/pool/index.py",
+       "specroute/emulator/vllm_schedule.py")  # fmt: skip
 Job = tuple[str, str, str, int, bool]
 TARGET = 0.005
 """The issue's bar: auto never behind by more than 0.5%."""
-
-
-class Run(msgspec.Struct):
-    result: SimResult
-    table: Table = ()
 
 
 def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
@@ -55,8 +50,7 @@ def _run(job: Job) -> tuple[Job, Run]:
     path = _cache_path(profile, trace, pool, seed)
     if path.exists() and not fresh:
         return job, msgspec.json.decode(path.read_bytes(), type=Run)
-    result, table = simulate(profile, pool, load_scenario(TRACES[trace]), seed=seed)
-    run = Run(result, table)
+    run = simulate(profile, pool, load_scenario(TRACES[trace]), seed=seed)
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(run))
     return job, run

@@ -7,8 +7,9 @@ product's own depth loop, with every server seen only as the proxy sees a vLLM b
 What differs from the SGLang pool of `depth_sim.py`, each from what vLLM exposes
 (`specroute/pool/engines.py`; vllm/v1/metrics/loggers.py, vllm/v1/spec_decode/metrics.py):
 - load: `vllm:num_requests_running` + `..._waiting`, scraped every `metrics_interval_s` and
-  written `VLLM_GAUGE_LAG_S` late (vllm-project/vllm#49538 reports 3-6 s), combined with the
-  proxy's own in-flight counts by the proxy's own `LoadMark` (its `gauge_lag_s` default);
+  written `SERVER_LAG_S` late (vllm-project/vllm#49538 reports 3-6 s), combined with the
+  proxy's own in-flight counts by the proxy's own `LoadMark`, read with the proxy's lag for
+  a vLLM backend (`pool.index.gauge_lag`);
 - acceptance: no per-request figure (`--per-request-spec-decode-metrics` is off by default), so
   the proxy learns from tokens per stream chunk with vLLM's framing (role chunk, one chunk per
   engine step, the finish reason on the last one), and the backend's windowed accept length
@@ -49,14 +50,16 @@ from specroute.logs import configure_logging
 from specroute.planner import Setting
 from specroute.policies import Outcome, PoolView
 from specroute.pool.engines import STREAM_FRAMING
+from specroute.pool.index import gauge_lag
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.reconfigure import ReconfigureOptions
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
 from specroute.speculation import is_greedy
 from specroute.wire import PoolSnapshot
 
-VLLM_GAUGE_LAG_S = 4.5
-"""How late vLLM's running and waiting gauges are (vllm-project/vllm#49538: 3 to 6 s)."""
+SERVER_LAG_S = 4.5
+"""How late the emulated vLLM servers' running and waiting gauges are (vllm-project/vllm#49538:
+3 to 6 s)."""
 SCRAPE_S = HealthConfig().metrics_interval_s
 GAUGE_LAG_S = ReplicasConfig().gauge_lag_s
 STALE_S = max(ReplicasConfig().scrape_stale_s, 2 * SCRAPE_S)
@@ -74,7 +77,7 @@ class VllmNode(Node):
 
     mark: LoadMark = field(default_factory=LoadMark)
     history: deque[tuple[float, int]] = field(default_factory=deque)
-    """(time, requests there from then on): what the gauges show `VLLM_GAUGE_LAG_S` later."""
+    """(time, requests there from then on): what the gauges show `SERVER_LAG_S` later."""
     drafts: int = 0
     accepted: int = 0
     window: tuple[int, int] = (0, 0)
@@ -86,12 +89,12 @@ class VllmNode(Node):
         super().add(delta, now)
         self.mark.moved(self.in_flight, now, HISTORY_S)
         self.history.append((now, self.in_flight))
-        while len(self.history) > 1 and self.history[1][0] <= now - VLLM_GAUGE_LAG_S - 1.0:
+        while len(self.history) > 1 and self.history[1][0] <= now - SERVER_LAG_S - 1.0:
             self.history.popleft()
 
     def gauge(self, now: float) -> int:
         """`num_requests_running + num_requests_waiting` as vLLM shows them at `now`."""
-        at = now - VLLM_GAUGE_LAG_S
+        at = now - SERVER_LAG_S
         index = bisect.bisect_right([t for t, _ in self.history], at) - 1
         return self.history[index][1] if index >= 0 else 0
 
@@ -111,9 +114,13 @@ class VllmSim(DepthSim):
 
     def __init__(
         self, profile: str, spec: PoolSpec, *, table: Table = (), direct: bool = False,
-        **kwargs: Any,
+        sglang_lag: bool = False, **kwargs: Any,
     ) -> None:  # fmt: skip
         self.table = table
+        self.sglang_lag = sglang_lag
+        """The proxy reads vLLM's gauges with SGLang's lag (as before `gauge_lag` knew vLLM)."""
+        self.phantom: list[int] = []
+        """At each scrape, the requests the proxy counts as other clients' (none exist)."""
         self.direct = direct
         """The loop and the policy read the proxy's own in-flight counts instead of vLLM's
         lagging gauges (the load as if known exactly; acceptance still as vLLM gives it)."""
@@ -165,11 +172,18 @@ class VllmSim(DepthSim):
         """The proxy's scraper: each reachable backend's /metrics every `SCRAPE_S`."""
         while True:
             await self.sleep(SCRAPE_S)
-            for node, slot in zip(self.nodes, self.slots, strict=True):
+            for i, (node, slot) in enumerate(zip(self.nodes, self.slots, strict=True)):
                 if slot.state != "starting":
                     node.scraped = node.gauge(self.now)
-                    node.mark.scraped(node.scraped, node.in_flight, self.now, GAUGE_LAG_S)
+                    node.mark.scraped(node.scraped, node.in_flight, self.now, self._lag(i))
                     node.scraped_accept_length()
+            self.phantom.append(sum(n.mark.others for n in self.nodes))
+
+    def _lag(self, i: int) -> float:
+        """The lag the proxy assumes for backend `i`'s gauges (`RoutingIndex._lag`)."""
+        if self.sglang_lag:
+            return gauge_lag("sglang", GAUGE_LAG_S, super().view([i]).backends[0])
+        return gauge_lag("vllm", GAUGE_LAG_S, None)
 
     def _load(self, node: VllmNode) -> dict[str, Any]:
         """The proxy's combined count and room for one backend (`pool/index.py`'s `_load`)."""
@@ -295,9 +309,11 @@ def operator_table(profile: Profile, scenario: Scenario, servers: int = 3) -> tu
 # -- pools and runs -----------------------------------------------------------------------------
 
 
-AUTO = {"auto": "", "auto-k7": ",".join(map(str, range(MAX_K + 1))), "auto-direct": ""}
-"""The loop's pools: launch's default depths, every depth tune measured (0-7), and launch's
-default depths reading the proxy's own in-flight counts instead of vLLM's gauges."""
+AUTO = {"auto": "", "auto-k7": ",".join(map(str, range(MAX_K + 1))), "auto-direct": "",
+        "auto-sglang-lag": ""}  # fmt: skip
+"""The loop's pools: launch's default depths, every depth tune measured (0-7), launch's
+default depths with the load known exactly (`direct`), and with vLLM's gauges read with
+SGLang's lag (`sglang_lag`)."""
 
 
 def vllm_pools() -> list[str]:
@@ -305,11 +321,20 @@ def vllm_pools() -> list[str]:
     return [*AUTO, "mix-1-2-3", *(f"k{k}" for k in range(MAX_K + 1)), "dynamic"]
 
 
+class Run(msgspec.Struct):
+    """One pool's run on one trace, the dynamic pool's table, and the load the proxy counted
+    as other clients' at its scrapes (mean over scrapes, summed over backends)."""
+
+    result: SimResult
+    table: Table = ()
+    phantom: float = 0.0
+
+
 def simulate(
     profile: str, pool: str, scenario: Scenario, *, seed: int = 0, scale: float = 1.0,
     **kwargs: Any,
-) -> tuple[SimResult, Table]:  # fmt: skip
-    """One pool on one trace; the dynamic pool's table is returned beside its result."""
+) -> Run:  # fmt: skip
+    """One pool on one trace."""
     table: Table = ()
     if pool in AUTO:
         spec = pools()["auto"]
@@ -318,13 +343,15 @@ def simulate(
                 kwargs.get("reconfigure") or ReconfigureOptions(mode="auto"),
                 allowed_steps=allowed_steps(AUTO[pool]))  # fmt: skip
         kwargs["direct"] = pool == "auto-direct"
+        kwargs["sglang_lag"] = pool == "auto-sglang-lag"
     elif pool == "dynamic":
         steps, table = operator_table(get_profile(profile), scenario)
         spec = PoolSpec((Setting(steps=steps),) * 3, "least_loaded")
     else:
         spec = pools()[pool]
     sim = VllmSim(profile, spec, table=table, seed=seed, **kwargs)
-    return sim.run(scenario, pool, scale), table
+    result = sim.run(scenario, pool, scale)
+    return Run(result, table, sum(sim.phantom) / len(sim.phantom) if sim.phantom else 0.0)
 
 
 def main() -> None:
@@ -342,13 +369,16 @@ def main() -> None:
                                  planner=planner_fields(args.planner_option))  # fmt: skip
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
-        r, table = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
-                            reconfigure=options)  # fmt: skip
+        run = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
+                       reconfigure=options)  # fmt: skip
+        r = run.result
         agg, avg, p10 = r.window(0.0, r.phases[-1][2])
         cells = " ".join(f"{r.window(s, e)[0]:7.0f}" for _, s, e in r.phases)
-        print(f"{pool:12} total {agg:7.0f} mean {avg:6.1f} p10 {p10:6.1f} | {cells}")
-        if table:
-            print(f"   num_speculative_tokens_per_batch_size {[list(t) for t in table]}")
+        print(f"{pool:16} total {agg:7.0f} mean {avg:6.1f} p10 {p10:6.1f} | {cells}")
+        print(f"   others' requests the proxy counted at its scrapes (none exist): mean "
+              f"{run.phantom:.2f}")  # fmt: skip
+        if run.table:
+            print(f"   num_speculative_tokens_per_batch_size {[list(t) for t in run.table]}")
         for x in r.restarts:
             print(f"   {x.began:8.0f}s {x.server} {x.before} -> {x.after} ready "
                   f"{x.ready or float('nan'):8.0f}s aborted {x.aborted}: {x.reason}")  # fmt: skip
