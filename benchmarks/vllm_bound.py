@@ -5,7 +5,10 @@ fixed K, the launched mix never reconfigured and vLLM's own dynamic-K table, on 
     nice -n 5 .venv/bin/python benchmarks/vllm_bound.py --jobs 2 \\
         --profile seed-qwen35-122b --profile costly-drafts
 
-Every pool runs the whole trace (no sampling). Runs are kept under
+`auto` and its variants run the whole trace. Where every phase lasts over 16 minutes
+(depth-swing, depth-quiet-3), the pools that never restart are measured as `depth_bound.py`
+measures them: each phase from a fresh pool, 15 minutes after a minute's warm-up, tiled over
+the phase. Runs are kept under
 `benchmarks/results/vllm-bound/` by a digest of what they depend on; `--fresh` ignores them.
 """
 
@@ -13,17 +16,19 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import multiprocessing
 import sys
 import time
 from pathlib import Path
 
 import msgspec
-from depth_bound import PROFILES, SOURCES, TRACES
+from depth_bound import PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
 from depth_pools import ROOT
-from vllm_pools import AUTO, MAX_K, Run, simulate, vllm_pools
+from sim_results import BIN_S, SimResult
+from vllm_pools import AUTO, MAX_K, Run, Table, simulate, vllm_pools
 
-from specroute.bench.trace import load_scenario
+from specroute.bench.trace import Scenario, load_scenario
 from specroute.logs import configure_logging
 
 CACHE = ROOT / "benchmarks" / "results" / "vllm-bound"
@@ -32,12 +37,46 @@ OWN = ("benchmarks/vllm_pools.py", "benchmarks/depth_bound.py", "specroute/pool/
        "specroute/pool/engines.py", "specroute/pool/index.py",
        "specroute/emulator/vllm_schedule.py")  # fmt: skip
 Job = tuple[str, str, str, int, bool]
+ORDER = ["policy-eval", "depth-flap", "depth-temperature-swing", "depth-ramp", "depth-quiet-3",
+         "depth-swing"]  # fmt: skip
+"""The traces of "Depth follows load", the cheapest first."""
 TARGET = 0.005
 """The issue's bar: auto never behind by more than 0.5%."""
 
 
+def _steady(trace: str, pool: str) -> bool:
+    """Whether `pool` is measured on samples of each phase (`sampled`)."""
+    long = all(p.duration >= WARM_S + SAMPLE_S for p in load_scenario(TRACES[trace]).phases)
+    return long and pool not in AUTO
+
+
+def sampled(profile: str, pool: str, scenario: Scenario, seed: int) -> Run:
+    """A pool that never restarts, phase by phase: `WARM_S` then `SAMPLE_S` measured from a
+    fresh pool, the rate and the requests tiled over the phase (`depth_bound.sampled`)."""
+    phases: list[tuple[str, float, float]] = []
+    bins: list[float] = []
+    finished: list[tuple[float, float]] = []
+    start, table = 0.0, Table()
+    for i, phase in enumerate(scenario.phases):
+        short = msgspec.structs.replace(phase, duration=WARM_S + SAMPLE_S)
+        part = msgspec.structs.replace(scenario, phases=[short])
+        run = simulate(profile, pool, part, seed=seed + 7919 * i, table_for=scenario)
+        table, r = run.table, run.result
+        rate = r.window(WARM_S, WARM_S + SAMPLE_S)[0]
+        first, end = len(bins), math.ceil((start + phase.duration) / BIN_S)
+        bins += [rate * BIN_S] * (end - first)
+        measured = [(t - WARM_S, v) for t, v in r.finished if WARM_S <= t < WARM_S + SAMPLE_S]
+        for tile in range(math.ceil(phase.duration / SAMPLE_S)):
+            at = start + tile * SAMPLE_S
+            finished += [(at + t, v) for t, v in measured if at + t < start + phase.duration]
+        phases.append((phase.name, start, start + phase.duration))
+        start += phase.duration
+    return Run(SimResult(pool, phases, bins, finished), table)
+
+
 def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
-    digest = hashlib.sha256(f"vllm {profile} {pool} {seed}".encode())
+    how = "sampled" if _steady(trace, pool) else "whole"
+    digest = hashlib.sha256(f"vllm {profile} {pool} {seed} {how}".encode())
     digest.update(TRACES[trace].read_bytes())
     patterns = [*SOURCES, *OWN, *(LOOP if pool.startswith("auto") else ())]
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
@@ -50,7 +89,11 @@ def _run(job: Job) -> tuple[Job, Run]:
     path = _cache_path(profile, trace, pool, seed)
     if path.exists() and not fresh:
         return job, msgspec.json.decode(path.read_bytes(), type=Run)
-    run = simulate(profile, pool, load_scenario(TRACES[trace]), seed=seed)
+    scenario = load_scenario(TRACES[trace])
+    if _steady(trace, pool):
+        run = sampled(profile, pool, scenario, seed)
+    else:
+        run = simulate(profile, pool, scenario, seed=seed)
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(run))
     return job, run
@@ -103,7 +146,7 @@ def main() -> None:
     parser.add_argument("--detail", action="store_true", help="auto's restarts per trace")
     args = parser.parse_args()
     configure_logging("warning")
-    traces = args.trace or [t for t in TRACES if t not in ("depth-diurnal", "depth-night-burst")]
+    traces = args.trace or ORDER
     jobs = [(p, t, pool, args.seed, args.fresh) for p in args.profile or PROFILES[:2]
             for t in traces for pool in args.pool or vllm_pools()]  # fmt: skip
     done: dict[Job, Run] = {}

@@ -332,9 +332,10 @@ class Run(msgspec.Struct):
 
 def simulate(
     profile: str, pool: str, scenario: Scenario, *, seed: int = 0, scale: float = 1.0,
-    **kwargs: Any,
+    table_for: Scenario | None = None, **kwargs: Any,
 ) -> Run:  # fmt: skip
-    """One pool on one trace."""
+    """One pool on one trace (the dynamic pool's table written for `table_for`, by default
+    the trace itself)."""
     table: Table = ()
     if pool in AUTO:
         spec = pools()["auto"]
@@ -345,7 +346,7 @@ def simulate(
         kwargs["direct"] = pool == "auto-direct"
         kwargs["sglang_lag"] = pool == "auto-sglang-lag"
     elif pool == "dynamic":
-        steps, table = operator_table(get_profile(profile), scenario)
+        steps, table = operator_table(get_profile(profile), table_for or scenario)
         spec = PoolSpec((Setting(steps=steps),) * 3, "least_loaded")
     else:
         spec = pools()[pool]
