@@ -26,7 +26,8 @@ import msgspec
 from depth_bound import PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
 from depth_pools import ROOT
 from sim_results import BIN_S, SimResult
-from vllm_pools import AUTO, MAX_K, Run, Table, simulate, vllm_pools
+from vllm_pools import AUTO, Run, simulate, vllm_pools
+from vllm_table import MAX_K, Table
 
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.logs import configure_logging
@@ -79,6 +80,8 @@ def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
     digest = hashlib.sha256(f"vllm {profile} {pool} {seed} {how}".encode())
     digest.update(TRACES[trace].read_bytes())
     patterns = [*SOURCES, *OWN, *(LOOP if pool.startswith("auto") else ())]
+    if pool == "dynamic":
+        patterns.append("benchmarks/vllm_table.py")
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     return CACHE / f"{profile}__{trace}__{pool}__{digest.hexdigest()[:12]}.json"
@@ -144,11 +147,14 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
     parser.add_argument("--detail", action="store_true", help="auto's restarts per trace")
+    parser.add_argument("--kept", action="store_true", help="report only runs already kept")
     args = parser.parse_args()
     configure_logging("warning")
     traces = args.trace or ORDER
     jobs = [(p, t, pool, args.seed, args.fresh) for p in args.profile or PROFILES[:2]
             for t in traces for pool in args.pool or vllm_pools()]  # fmt: skip
+    if args.kept:
+        jobs = [j for j in jobs if _cache_path(j[0], j[1], j[2], j[3]).exists()]
     done: dict[Job, Run] = {}
     started = time.monotonic()
     with multiprocessing.Pool(args.jobs) as workers:  # progress on stderr, the report on stdout

@@ -20,8 +20,7 @@ What differs from the SGLang pool of `depth_sim.py`, each from what vLLM exposes
 Restarts are charged as for SGLang: drain, stop, the profile's start-up, readmission.
 
 The dynamic-K pool is three servers with the table an operator writes from the tune
-measurements (`operator_table`): for each batch size measured, the K of the highest tok/s on
-the trace's class mix; ranges split half way between measured batch sizes.
+measurements (`vllm_table.operator_table`).
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
-import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,14 +35,15 @@ from typing import Any
 import msgspec
 from depth_pools import ROOT, PoolSpec, pools
 from depth_sim import DepthSim
-from policy_sim import PROMPT_TOKENS, Node, Req
+from policy_sim import Node, Req
 from sim_results import SimResult
+from vllm_table import MAX_K, Table, operator_table
 
-from specroute.bench.trace import Phase, Scenario, load_scenario
+from specroute.bench.trace import Scenario, load_scenario
 from specroute.config import HealthConfig, ReplicasConfig
 from specroute.emulator.engine import Engine
 from specroute.emulator.options import VLLM_DEFAULT_MAX_NUM_SEQS
-from specroute.emulator.profiles import Profile, get_profile, sampling_class
+from specroute.emulator.profiles import get_profile
 from specroute.emulator.vllm_schedule import DynamicSchedule
 from specroute.logs import configure_logging
 from specroute.planner import Setting
@@ -54,7 +53,6 @@ from specroute.pool.index import gauge_lag
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.reconfigure import ReconfigureOptions
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
-from specroute.speculation import is_greedy
 from specroute.wire import PoolSnapshot
 
 SERVER_LAG_S = 4.5
@@ -65,10 +63,6 @@ GAUGE_LAG_S = ReplicasConfig().gauge_lag_s
 STALE_S = max(ReplicasConfig().scrape_stale_s, 2 * SCRAPE_S)
 HISTORY_S = 10.0
 """Own counts the proxy keeps per backend (`pool/index.py`'s `_HISTORY_S`)."""
-MAX_K = 7
-TABLE_BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-"""Batch sizes the operator's tune measured (up to the deepest server's capacity)."""
-Table = tuple[tuple[int, int, int], ...]
 
 
 @dataclass
@@ -222,88 +216,6 @@ class VllmSim(DepthSim):
             }  # fmt: skip
             backends.append(msgspec.structs.replace(b, **extra))
         return msgspec.structs.replace(base, backends=backends)
-
-
-# -- the operator's dynamic-K table ------------------------------------------------------------
-
-
-def measured_rate(profile: Profile, k: int, batch: int, greedy: bool) -> float:
-    """tok/s of one server at depth `k` running `batch` long requests of one class (what tune
-    measures at that concurrency)."""
-    engine = Engine(profile, steps=k, max_running_requests=batch, seed=batch * 31 + k)
-    temperature = 0.0 if greedy else 1.0
-    for i in range(batch):
-        engine.submit(f"t{i}", prompt_tokens=PROMPT_TOKENS, max_new_tokens=100_000,
-                      klass=sampling_class(temperature), ignore_eos=True)  # fmt: skip
-    tokens, seconds = 0, 0.0
-    for _ in range(max(80, 4000 // batch)):
-        it = engine.step()
-        if it is None or it.prefilled:
-            continue
-        tokens += sum(e.tokens for e in it.emissions)
-        seconds += it.duration
-    return tokens / seconds if seconds else 0.0
-
-
-def _greedy(scenario: Scenario, phase: Phase) -> float:
-    mix = phase.mix or scenario.mix
-    total = sum(s.weight for s in mix) or 1.0
-    return sum(s.weight for s in mix if is_greedy(s.temperature)) / total
-
-
-def _size(batch: int, cap: int) -> int:
-    """The measured batch size that stands for `batch` requests on a server holding `cap`."""
-    return max(s for s in TABLE_BATCHES if s <= max(1, min(batch, cap)))
-
-
-def operator_table(profile: Profile, scenario: Scenario, servers: int = 3) -> tuple[int, Table]:
-    """(num_speculative_tokens, table) as an operator who knows the trace writes them from
-    tune's measurements: each phase puts `concurrency / servers` requests on a server, of its
-    class mix (the iteration time does not depend on the class: a mix's rate is its classes'
-    rates weighted). At each measured batch size, the best K for the mix of the phases that
-    load a server that much; `num_speculative_tokens` (which sizes the memory, so the
-    capacity) the deepest K whose table gives the most tokens over the trace."""
-    loads = [(max(1, math.ceil(p.concurrency / servers)), _greedy(scenario, p), p.duration)
-             for p in scenario.phases]  # fmt: skip
-    overall = sum(g * d for _, g, d in loads) / sum(d for _, _, d in loads)
-    mix: dict[int, float] = {}
-    for s in TABLE_BATCHES:
-        near = [(g, d) for b, g, d in loads if _size(b, VLLM_DEFAULT_MAX_NUM_SEQS) == s]
-        mix[s] = sum(g * d for g, d in near) / sum(d for _, d in near) if near else overall
-    classes: dict[tuple[int, int], tuple[float, float]] = {}
-    for k in range(MAX_K + 1):
-        for b in TABLE_BATCHES:
-            if b <= min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(k)):
-                classes[k, b] = (measured_rate(profile, k, b, True),
-                                 measured_rate(profile, k, b, False))  # fmt: skip
-
-    def rate(k: int, size: int, greedy: float) -> float:
-        g, s = classes[k, size]
-        return greedy * g + (1 - greedy) * s
-
-    def best(deepest: int, b: int, greedy: float) -> int:
-        size = _size(b, min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(deepest)))
-        return max(range(deepest + 1), key=lambda k: rate(k, size, greedy))
-
-    def value(deepest: int) -> float:
-        cap = min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(deepest))
-        return sum(d * rate(best(deepest, b, mix[_size(b, 10**9)]), _size(b, cap), g)
-                   for b, g, d in loads)  # fmt: skip
-
-    deepest = max(range(MAX_K + 1), key=value)
-    cap = min(VLLM_DEFAULT_MAX_NUM_SEQS, profile.capacity(deepest))
-    sizes = [b for b in TABLE_BATCHES if b <= cap]
-    ranges: list[list[int]] = []
-    for i, b in enumerate(sizes):
-        k = best(deepest, b, mix[b])
-        if ranges and ranges[-1][2] == k:
-            continue
-        start = 1 if i == 0 else (sizes[i - 1] + b) // 2 + 1
-        if ranges:
-            ranges[-1][1] = start - 1
-        ranges.append([start, start, k])
-    ranges[-1][1] = VLLM_DEFAULT_MAX_NUM_SEQS
-    return max(r[2] for r in ranges), tuple((a, b, k) for a, b, k in ranges)
 
 
 # -- pools and runs -----------------------------------------------------------------------------

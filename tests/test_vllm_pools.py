@@ -27,6 +27,7 @@ def vllm_pools(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The benchmark module, imported as its script is run (benchmarks/ on the path)."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     sys.modules.pop("vllm_pools", None)
+    sys.modules.pop("vllm_table", None)
     return importlib.import_module("vllm_pools")
 
 
@@ -63,11 +64,12 @@ def test_the_loop_sees_vllm_backends_only_as_the_proxy_does(
 def test_the_operators_table_goes_shallower_with_the_batch_and_vllm_accepts_it(
     vllm_pools: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vllm_pools, "TABLE_BATCHES", (1, 4, 16))
-    monkeypatch.setattr(vllm_pools, "MAX_K", 4)
+    vllm_table = sys.modules["vllm_table"]
+    monkeypatch.setattr(vllm_table, "TABLE_BATCHES", (1, 4, 16))
+    monkeypatch.setattr(vllm_table, "MAX_K", 4)
     # A few greedy users when quiet, a sampled crowd when busy (one server in three each).
     trace = scenario(tmp_path, [(3, 600.0, GREEDY), (48, 600.0, SAMPLED)])
-    steps, table = vllm_pools.operator_table(get_profile(PROFILE), trace)
+    steps, table = vllm_table.operator_table(get_profile(PROFILE), trace)
     schedule = DynamicSchedule(table, steps)  # vLLM's own validation rules
     assert schedule(1) > schedule(16)
     assert schedule(1) == steps
