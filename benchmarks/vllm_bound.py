@@ -24,13 +24,15 @@ from pathlib import Path
 
 import msgspec
 from depth_bound import PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
-from depth_pools import ROOT
+from depth_pools import ROOT, PoolSpec
 from sim_results import BIN_S, SimResult
-from vllm_pools import AUTO, Run, simulate, vllm_pools
-from vllm_table import MAX_K, Table
+from vllm_pools import AUTO, Run, VllmSim, simulate, vllm_pools
+from vllm_table import MAX_K, Table, operator_table
 
 from specroute.bench.trace import Scenario, load_scenario
+from specroute.emulator.profiles import get_profile
 from specroute.logs import configure_logging
+from specroute.planner import Setting
 
 CACHE = ROOT / "benchmarks" / "results" / "vllm-bound"
 LOOP = ("specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py")
@@ -43,6 +45,20 @@ ORDER = ["policy-eval", "depth-flap", "depth-temperature-swing", "depth-ramp", "
 """The traces of "Depth follows load", the cheapest first."""
 TARGET = 0.005
 """The issue's bar: auto never behind by more than 0.5%."""
+
+
+SHALLOW_TABLE = "dynamic-3"
+"""The operator's table with K at most 3: the depths `auto` may use."""
+
+
+def run_pool(profile: str, pool: str, scenario: Scenario, seed: int, table_for: Scenario) -> Run:
+    """`vllm_pools.simulate`, and the shallow table's pool beside it."""
+    if pool != SHALLOW_TABLE:
+        return simulate(profile, pool, scenario, seed=seed, table_for=table_for)
+    steps, table = operator_table(get_profile(profile), table_for, max_k=3)
+    spec = PoolSpec((Setting(steps=steps),) * 3, "least_loaded")
+    sim = VllmSim(profile, spec, table=table, seed=seed)
+    return Run(sim.run(scenario, pool), table)
 
 
 def _steady(trace: str, pool: str) -> bool:
@@ -61,7 +77,7 @@ def sampled(profile: str, pool: str, scenario: Scenario, seed: int) -> Run:
     for i, phase in enumerate(scenario.phases):
         short = msgspec.structs.replace(phase, duration=WARM_S + SAMPLE_S)
         part = msgspec.structs.replace(scenario, phases=[short])
-        run = simulate(profile, pool, part, seed=seed + 7919 * i, table_for=scenario)
+        run = run_pool(profile, pool, part, seed + 7919 * i, scenario)
         table, r = run.table, run.result
         rate = r.window(WARM_S, WARM_S + SAMPLE_S)[0]
         first, end = len(bins), math.ceil((start + phase.duration) / BIN_S)
@@ -80,7 +96,7 @@ def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
     digest = hashlib.sha256(f"vllm {profile} {pool} {seed} {how}".encode())
     digest.update(TRACES[trace].read_bytes())
     patterns = [*SOURCES, *OWN, *(LOOP if pool.startswith("auto") else ())]
-    if pool == "dynamic":
+    if pool.startswith("dynamic"):
         patterns.append("benchmarks/vllm_table.py")
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
@@ -96,7 +112,7 @@ def _run(job: Job) -> tuple[Job, Run]:
     if _steady(trace, pool):
         run = sampled(profile, pool, scenario, seed)
     else:
-        run = simulate(profile, pool, scenario, seed=seed)
+        run = run_pool(profile, pool, scenario, seed, scenario)
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(run))
     return job, run
@@ -121,10 +137,11 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
         cells.append(f"{best} {rate[best]:.0f}: {_pct(auto, rate[best])}" if best else "-")
     cells += [
         f"{rate[pool]:.0f}: {_pct(auto, rate[pool])}" if pool in rate else "-"
-        for pool in ("mix-1-2-3", "dynamic")
+        for pool in ("mix-1-2-3", "dynamic", SHALLOW_TABLE)
     ]
-    table = runs["dynamic"].table if "dynamic" in runs else ()
-    cells.append(" ".join(f"{a}-{b}:{k}" for a, b, k in table) or "-")
+    for pool in ("dynamic", SHALLOW_TABLE):
+        table = runs[pool].table if pool in runs else ()
+        cells.append(" ".join(f"{a}-{b}:{k}" for a, b, k in table) or "-")
     restarts = runs[name].result.restarts
     cells.append(str(len(restarts)))
     return "| " + " | ".join(cells) + " |"
@@ -132,9 +149,8 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
 
 HEADER = (
     "| profile | trace | pool | tok/s | best fixed (k0-k3) | best fixed (k0-k7) "
-    "| launched mix (1/2/3) | dynamic-K table | its table (batch sizes: K) | restarts |\n"
-    + "|---" * 10
-    + "|"
+    "| launched mix (1/2/3) | dynamic-K table | dynamic-K, K <= 3 | its table (batch: K) "
+    "| K <= 3 table | restarts |\n" + "|---" * 12 + "|"
 )
 
 
@@ -142,7 +158,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", action="append", choices=PROFILES, default=[])
     parser.add_argument("--trace", action="append", choices=sorted(TRACES), default=[])
-    parser.add_argument("--pool", action="append", choices=vllm_pools(), default=[])
+    parser.add_argument("--pool", action="append", choices=[*vllm_pools(), SHALLOW_TABLE],
+                        default=[])  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
