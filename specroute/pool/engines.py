@@ -22,6 +22,7 @@ from specroute.prometheus import VLLM_PREFIX, read_samples
 __all__ = [
     "PROBE_PATH",
     "STREAM_FRAMING",
+    "VLLM_GAUGE_LAG_S",
     "Engine",
     "VllmSettings",
     "engine_of_metrics",
@@ -39,6 +40,10 @@ STREAM_FRAMING: dict[Engine, int] = {"sglang": 3, "vllm": 2}
 """Chat stream events that are not decode iterations: SGLang sends a role event, the prefill's
 token and a finish event of its own; vLLM (vllm/entrypoints/openai/chat_completion/serving.py)
 puts the finish reason on the last content event."""
+
+VLLM_GAUGE_LAG_S = 6.0
+"""How late vLLM's running and waiting gauges may be: 3 to 6 s (vllm-project/vllm#49538); the
+proxy takes its own count at its peak over this long when it reads a scrape of them."""
 
 _VLLM = VLLM_PREFIX
 _DRAFTS = "vllm:spec_decode_num_drafts_total"

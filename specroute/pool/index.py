@@ -23,6 +23,7 @@ from specroute.policies.groups import batch
 from specroute.policies.predict import iteration_time
 from specroute.pool.backend import Backend
 from specroute.pool.eligibility import Refusal, refusal
+from specroute.pool.engines import VLLM_GAUGE_LAG_S, Engine
 from specroute.pool.load import LoadMark, Share, headroom
 from specroute.pool.promtext import BackendMetrics
 from specroute.pool.sharing import (
@@ -35,11 +36,22 @@ from specroute.pool.sharing import (
 )
 from specroute.pool.telemetry import Telemetry
 
-__all__ = ["DECODE_LOG_INTERVAL", "RoutingIndex"]
+__all__ = ["DECODE_LOG_INTERVAL", "RoutingIndex", "gauge_lag"]
 
 DECODE_LOG_INTERVAL = 40
 """SGLang's default `--decode-log-interval`: decode iterations between two gauge updates."""
 _HISTORY_S = 10.0  # own counts kept per backend: longer than any gauge lag
+
+
+def gauge_lag(engine: Engine | None, floor_s: float, view: BackendView | None) -> float:
+    """How old a backend's running and queued gauges may be: SGLang writes them at each
+    prefill and every `--decode-log-interval` decode iterations, so up to that many
+    iterations at its batch; vLLM's lag by seconds whatever the batch (`VLLM_GAUGE_LAG_S`)."""
+    if engine == "vllm":
+        return max(floor_s, VLLM_GAUGE_LAG_S)
+    if view is None:
+        return floor_s
+    return max(floor_s, DECODE_LOG_INTERVAL * iteration_time(view, batch(view)))
 
 
 class RoutingIndex:
@@ -116,12 +128,8 @@ class RoutingIndex:
         self.touch(backend, now)
 
     def _lag(self, backend: Backend) -> float:
-        """How old its gauges may be: SGLang writes them at each prefill and every
-        `--decode-log-interval` decode iterations, so up to that many iterations at its batch."""
-        view = self.groups.get(backend.name)
-        if view is None:
-            return self.lag_s
-        return max(self.lag_s, DECODE_LOG_INTERVAL * iteration_time(view, batch(view)))
+        """How old its gauges may be (`gauge_lag`)."""
+        return gauge_lag(backend.engine, self.lag_s, self.groups.get(backend.name))
 
     def remove(self, name: str) -> None:
         """The pool let `name` go: no view, no marks, and no way back but `add`."""
