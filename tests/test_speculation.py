@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specroute import speculation
 from specroute.bench.workload import Sampling
 from specroute.emulator.profiles import sampling_class
 from specroute.planner import Estimates
 from specroute.policies import ClassEstimate, PoolView
 from specroute.policies.predict import accept_length
-from specroute import speculation
 from specroute.speculation import (
     alpha_from_accept_length,
     expected_tokens,
