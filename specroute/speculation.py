@@ -170,7 +170,12 @@ def _least_squares(lengths: Mapping[int, float], start: float) -> Curve:
 def fit_curve(seen: Mapping[int, float], alpha: float) -> Curve:
     """The curve closest (least squares) to the accept lengths measured at each depth; a
     constant rate when one depth or none was measured (that depth's, else `alpha`)."""
-    return _fit(tuple(sorted((k, v) for k, v in seen.items() if k > 0)), alpha)
+    return _fit(_depths(seen), alpha)
+
+
+def _depths(seen: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+    """`seen` as a cache key: its speculative depths in order."""
+    return tuple(sorted((k, v) for k, v in seen.items() if k > 0)) if seen else ()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -192,4 +197,11 @@ def accept_length(seen: Mapping[int, float], alpha: float, steps: int) -> float:
     and the planner both value a depth with this."""
     if steps <= 0:
         return 1.0
-    return fit_curve(seen, alpha).at(steps)
+    return _accept(_depths(seen), alpha, steps)
+
+
+@functools.lru_cache(maxsize=4096)
+def _accept(items: tuple[tuple[int, float], ...], alpha: float, steps: int) -> float:
+    """`accept_length` remembered by its exact inputs: the router values the same class at the
+    same depth for every request until an outcome changes the class's estimate."""
+    return _fit(items, alpha).at(steps)

@@ -82,3 +82,16 @@ def test_a_slow_backend_prior_lengthens_the_gap_limit_above_its_floor() -> None:
         first_seen=DurationHistogram(),
     )
     assert limits.gap_s == config.margin * 2.0
+
+
+def test_a_queued_reply_decodes_at_the_backends_full_batch_not_behind_its_queue() -> None:
+    """Past capacity the request waits its turn (the first-token limit); once running, its
+    iterations are those of a full batch, not of everything sent to the backend."""
+    full = Load(in_flight=64, capacity=64, steps=3, mean_tokens=300.0)
+    queued = Load(in_flight=256, capacity=64, steps=3, mean_tokens=300.0)
+    at_full = _limits(stream=False, max_tokens=1000, load=full)
+    behind = _limits(stream=False, max_tokens=1000, load=queued)
+    decode_full = at_full.reply_s - at_full.first_s
+    decode_behind = behind.reply_s - behind.first_s
+    assert behind.first_s > at_full.first_s
+    assert abs(decode_behind - decode_full) < 1e-9 * decode_full

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specroute import speculation
 from specroute.bench.workload import Sampling
 from specroute.emulator.profiles import sampling_class
 from specroute.planner import Estimates
@@ -88,3 +89,16 @@ def test_router_and_planner_value_every_depth_of_a_class_alike() -> None:
         assert accept_length(view, "code", k) == planner.accept_length("code", k)
     unseen = PoolView(backends=())
     assert accept_length(unseen, "other", 3) == Estimates(depths={}).accept_length("other", 3)
+
+
+@given(
+    seen=st.dictionaries(st.integers(-1, 6), st.floats(1.0, 7.0), max_size=4),
+    alpha=st.floats(0.0, 0.999),
+)
+def test_remembered_accept_length_is_the_fitted_curve_at_every_depth(
+    seen: dict[int, float], alpha: float
+) -> None:
+    for steps in range(0, 8):  # the same inputs asked again at each depth, as routing does
+        expected = speculation.fit_curve(seen, alpha).at(steps) if steps > 0 else 1.0
+        assert speculation.accept_length(seen, alpha, steps) == expected
+        assert speculation.accept_length(dict(seen), alpha, steps) == expected

@@ -68,6 +68,8 @@ def open_to_batch(
     """The predictions a batch request may choose among, and whether the reserve held it back:
     every one, unless an interactive request waits; then not the reserved slots of the
     deepest backends, as long as another backend has room or a queue to join."""
+    if view.reserve <= 0:  # no reserve (the default): no slot is anyone's, nothing to look at
+        return list(preds), False
     depth = deepest(view)
     reserved = {
         b.name

@@ -96,14 +96,18 @@ class Prediction(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _running_accept(
-    view: PoolView, backend: BackendView, steps: int, mix: Mapping[str, float], fallback: str
+    view: PoolView, steps: int, mix: Mapping[str, float], fallback: str, e_fallback: float
 ) -> tuple[float, float]:
-    """(mean, lowest) accept length of the requests already running on `backend`."""
+    """(mean, lowest) accept length of the requests already running on a backend at depth
+    `steps`; `e_fallback` is `fallback`'s there (the request's own class, already valued)."""
     total = sum(mix.values())
     if total <= 0:
-        e = accept_length(view, fallback, steps)
-        return e, e
-    lengths = {k: accept_length(view, k, steps) for k, n in mix.items() if n > 0}
+        return e_fallback, e_fallback
+    lengths = {
+        k: e_fallback if k == fallback else accept_length(view, k, steps)
+        for k, n in mix.items()
+        if n > 0
+    }
     mean = sum(lengths[k] * mix[k] for k in lengths) / total
     return mean, min(lengths.values())
 
@@ -121,7 +125,7 @@ def predict(
     capacity = backend.capacity or _UNBOUNDED
     n = batch(backend)
     e_new = accept_length(view, request_class, steps)
-    e_run, e_low = _running_accept(view, backend, steps, mix or {}, request_class)
+    e_run, e_low = _running_accept(view, steps, mix or {}, request_class, e_new)
     before = min(n, capacity)
     t_before = iteration_time(backend, before)
     thr_before = before * e_run / t_before if before else 0.0

@@ -78,35 +78,31 @@ class Deadlines:
         load: Load,
         first_seen: DurationHistogram,
     ) -> AttemptLimits:
+        # Every request computes this: plain arithmetic, with no call it can do without.
         c = self._config
+        a, per_token = iteration.intercept, iteration.slope
         tokens_per_request = load.steps + 1
-        full = load.capacity if load.capacity else max(1, load.in_flight)
-        iteration_full_s = _iteration_s(iteration, full * tokens_per_request)
-        prefill_s = _iteration_s(iteration, prompt_bytes / BYTES_PER_TOKEN)
-        queue_s = _waves(load) * load.mean_tokens * iteration_full_s
+        in_flight = load.in_flight if load.in_flight > 1 else 1
+        cap = load.capacity or 0
+        full = cap if cap else in_flight
+        iteration_full_s = a + per_token * full * tokens_per_request
+        prefill_s = a + per_token * prompt_bytes / BYTES_PER_TOKEN
+        # Batches that must finish before the request runs: none below capacity.
+        over = load.in_flight - cap if cap else 0
+        waves = math.ceil(over / cap) if over > 0 else 0
+        queue_s = waves * load.mean_tokens * iteration_full_s
         first_s = min(c.first_byte_s, c.first_token_floor_s + c.margin * (prefill_s + queue_s))
         learned = self.first_rule.learned_s(first_seen)
         if learned is not None:
             first_s = max(first_s, learned)
         gap_s = min(c.idle_s, max(c.stall_floor_s, c.margin * iteration_full_s))
-        running = min(full, max(1, load.in_flight))
-        decode_s = (max_tokens or c.assumed_max_tokens) * _iteration_s(
-            iteration, running * tokens_per_request
+        running = full if full < in_flight else in_flight
+        decode_s = (max_tokens or c.assumed_max_tokens) * (
+            a + per_token * running * tokens_per_request
         )
         reply_s = min(c.reply_s, first_s + c.margin * decode_s)
         header_s = c.header_s if stream else reply_s
         return AttemptLimits(header_s=header_s, first_s=first_s, gap_s=gap_s, reply_s=reply_s)
-
-
-def _iteration_s(model: IterationTimeModel, batch_tokens: float) -> float:
-    return model.intercept + model.slope * batch_tokens
-
-
-def _waves(load: Load) -> int:
-    """Batches that must finish before the request runs: none below capacity."""
-    if not load.capacity or load.in_flight <= load.capacity:
-        return 0
-    return math.ceil((load.in_flight - load.capacity) / load.capacity)
 
 
 def attempt_limits(

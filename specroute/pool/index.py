@@ -104,7 +104,7 @@ class RoutingIndex:
     def moved(self, backend: Backend) -> None:
         """A lease came or went: only the backend's own count (and what follows from it)
         changed, so its view is patched rather than rebuilt."""
-        if not self.follows(backend):
+        if self._backends.get(backend.name) is not backend:  # `follows`, on every lease
             return
         now = time.monotonic()
         name, own = backend.name, backend.in_flight

@@ -209,10 +209,12 @@ class ProxyApp:
         return sorted(found)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] != "http":
+            await self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
+        elif self.keyless.counts(scope):
             await self.keyless.run(scope, send, partial(self._dispatch, scope, receive, send))
         else:
-            await self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
+            await self._dispatch(scope, receive, send)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = find_route(scope["method"], scope["path"])

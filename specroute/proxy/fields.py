@@ -172,17 +172,20 @@ def route_request(
     (the same class whichever API the request came in by); the lane and its speed target as
     `proxy.lanes` resolved them."""
     n: int | None = 1
-    if isinstance(fields, ForwardFields):
+    if isinstance(fields, RoutingFields):  # first: chat and completions are most requests
+        max_tokens = fields.max_completion_tokens or fields.max_tokens
+        temperature, top_p, top_k, n = fields.temperature, fields.top_p, fields.top_k, fields.n
+    elif isinstance(fields, ForwardFields):
         return RouteRequest(
             route=route, model=fields.model, workload_class=klass or route, stream=False, lane=lane
         )
-    if isinstance(fields, ResponsesFields):
+    elif isinstance(fields, ResponsesFields):
         max_tokens = fields.max_output_tokens
         temperature, top_p, top_k = fields.temperature, fields.top_p, fields.top_k
     elif isinstance(fields, MessagesFields):
         max_tokens = fields.max_tokens
         temperature, top_p, top_k = fields.temperature, fields.top_p, fields.top_k
-    elif isinstance(fields, GenerateFields):
+    else:
         sp = fields.sampling_params or SamplingParams()
         max_tokens, temperature, top_p, top_k = (
             sp.max_new_tokens,
@@ -190,9 +193,6 @@ def route_request(
             sp.top_p,
             sp.top_k,
         )
-    else:
-        max_tokens = fields.max_completion_tokens or fields.max_tokens
-        temperature, top_p, top_k, n = fields.temperature, fields.top_p, fields.top_k, fields.n
     model = fields.model if isinstance(fields.model, str) else None
     sampling = "greedy" if is_greedy(temperature, top_k) else "sampled"
     return RouteRequest(

@@ -37,11 +37,17 @@ class KeylessGate:
         )
         self._body = error_body(error)
 
+    def counts(self, scope: _Scope) -> bool:
+        """Whether the request is keyless work the gate counts: not keyed, and not a probe (under
+        another server, which did not say, a request counts as keyed). The app asks first, so
+        that a keyed request goes on with no layer between."""
+        extensions = scope.get("extensions") or {}
+        return not extensions.get(KEYED, True) and scope["path"] not in _PROBES
+
     async def run(self, scope: _Scope, send: _Send, call: _Call) -> None:
         """`call()` for this request, unless it is keyless and the keyless are at the limit."""
-        extensions = scope.get("extensions") or {}
-        if extensions.get(KEYED, True) or scope["path"] in _PROBES:
-            await call()  # keyed, or under another server (which did not say): not counted
+        if not self.counts(scope):
+            await call()
             return
         if self.in_progress >= self.limit:
             self.refused += 1
