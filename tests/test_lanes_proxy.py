@@ -71,6 +71,8 @@ def test_the_lane_is_in_the_reply_metrics_pool_and_engine_priority() -> None:
     assert interactive["target_tok_s"] == 20.0
     assert interactive["attainment"] == 1.0
     assert interactive["mean_tok_s"] > 20.0
+    assert interactive["tok_s_p50"] == interactive["mean_tok_s"]  # one request
+    assert (interactive["in_flight"], interactive["waiting"]) == (0, 0)  # all answered
     assert pool["lanes"]["batch"]["requests"] == 2
 
 
@@ -82,7 +84,7 @@ async def _wait_until(condition: Callable[[], bool]) -> None:
     raise TimeoutError("condition not reached")
 
 
-async def _admission_order() -> list[str]:
+async def _admission_order() -> tuple[list[str], dict[str, Any]]:
     gate = asyncio.Event()
     order: list[str] = []
 
@@ -104,9 +106,10 @@ async def _admission_order() -> list[str]:
         await _wait_until(lambda: _waiting(app) == 1)
         sent.append(asyncio.create_task(_send(client, "interactive", "priority")))
         await _wait_until(lambda: _waiting(app) == 2)
+        lanes = (await client.get("/pool")).json()["lanes"]
         gate.set()
         assert await asyncio.gather(*sent) == [200, 200, 200]
-    return order
+    return order, lanes
 
 
 def _waiting(app: ProxyApp) -> int:
@@ -120,4 +123,8 @@ async def _send(client: httpx.AsyncClient, text: str, tier: str | None) -> int:
 
 
 def test_an_interactive_request_is_admitted_before_a_batch_one_that_waited_longer() -> None:
-    assert asyncio.run(_admission_order()) == ["first", "interactive", "batch"]
+    order, lanes = asyncio.run(_admission_order())
+    assert order == ["first", "interactive", "batch"]
+    # While held: each lane's load in /pool, waiting and running, as the planner reads it.
+    assert (lanes["interactive"]["in_flight"], lanes["interactive"]["waiting"]) == (1, 1)
+    assert (lanes["batch"]["in_flight"], lanes["batch"]["waiting"]) == (2, 1)
