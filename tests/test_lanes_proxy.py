@@ -128,3 +128,38 @@ def test_an_interactive_request_is_admitted_before_a_batch_one_that_waited_longe
     # While held: each lane's load in /pool, waiting and running, as the planner reads it.
     assert (lanes["interactive"]["in_flight"], lanes["interactive"]["waiting"]) == (1, 1)
     assert (lanes["batch"]["in_flight"], lanes["batch"]["waiting"]) == (2, 1)
+
+
+async def _queue_order(reserve: int, sends: list[tuple[str, str]]) -> list[str]:
+    """The order a one-slot backend sees requests sent while its slot is held, one by one,
+    each waiting in the queue before the next is sent."""
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    async def held(body: bytes, send: Send) -> None:
+        order.append(json.loads(body)["messages"][0]["content"])
+        if len(order) == 1:
+            await gate.wait()
+        await _stream(body, send)
+
+    async with (
+        Upstream(held, steps=3, info={"max_running_requests": 1}).running() as backend,
+        inprocess.proxy({"deep": backend}, admission={"overcommit": 1.0},
+                        lanes={"reserve": reserve}) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):  # fmt: skip
+        sent = [asyncio.create_task(_send(client, "first", None))]
+        await _wait_until(lambda: len(order) == 1)
+        for n, (text, tier) in enumerate(sends, 1):
+            sent.append(asyncio.create_task(_send(client, text, tier)))
+            await _wait_until(lambda n=n: _waiting(app) == n)  # type: ignore[misc]
+        gate.set()
+        assert set(await asyncio.gather(*sent)) == {200}
+    return order
+
+
+def test_a_waiting_batch_request_lets_at_most_reserve_interactive_ones_ahead() -> None:
+    sends = [("batch", "flex"), *((f"i{n}", "priority") for n in range(1, 5))]
+    assert asyncio.run(_queue_order(2, sends)) == ["first", "i1", "i2", "batch", "i3", "i4"]
+    # Without a reserve, one: the bound on a batch request's wait is its queue plus one.
+    assert asyncio.run(_queue_order(0, sends)) == ["first", "i1", "batch", "i2", "i3", "i4"]
