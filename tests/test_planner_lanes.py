@@ -4,14 +4,24 @@ lane's load from `/pool`."""
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 import pytest
 from test_planner import GREEDY, SAMPLED, estimates, planner_after, pool
 
 from specroute.planner import LaneDemand, Setting, at_target_slots, forecast, shortfall
 from specroute.planner.forecast import Physics
+from specroute.reconfigure import Actuator, ReconfigureOptions, Reconfigurer
 from specroute.reconfigure.readings import LaneTraffic
-from specroute.wire import LaneSnapshot, PoolEstimates, PoolSnapshot
+from specroute.wire import (
+    HoldAnswer,
+    HoldState,
+    LaneSnapshot,
+    PlanDocument,
+    PoolEstimates,
+    PoolSnapshot,
+)
 
 CROWDED = (600.0, {SAMPLED: 45.0, GREEDY: 15.0})
 USERS = {SAMPLED: 45, GREEDY: 15}
@@ -94,3 +104,35 @@ def test_no_lane_target_plans_for_throughput_alone() -> None:
     assert LaneTraffic().sample(_pool(5, 5, target=0.0)) is None
     bare = msgspec.structs.replace(_pool(5, 5), lanes={})  # a proxy without lanes
     assert LaneTraffic().sample(bare) is None
+
+
+class _Proxy:
+    """The loop's `Link` to a proxy that answers one `/pool` and keeps what is published."""
+
+    def __init__(self, answer: PoolSnapshot) -> None:
+        self.answer = answer
+
+    async def pool(self) -> PoolSnapshot:
+        return self.answer
+
+    async def publish(self, document: PlanDocument) -> None:
+        return None
+
+    async def hold(self, name: str, state: HoldState, *, to: str = "",
+                   reason: str = "") -> HoldAnswer:  # fmt: skip
+        raise AssertionError("no restart in this test")
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def _restart(name: str, setting: Setting) -> str | None:
+    raise AssertionError("no restart in this test")
+
+
+def test_the_depth_loop_hands_the_planner_the_lane_demand_it_reads() -> None:
+    actuator = Actuator("advise", [("b0", Setting(steps=1), 60.0)], clock=lambda: 0.0)
+    loop = Reconfigurer(ReconfigureOptions(), _Proxy(_pool(2, 8)), actuator, _restart,
+                        limit=lambda k: 10)  # fmt: skip
+    asyncio.run(loop.tick())
+    assert loop.planner.lanes == LaneDemand(share=0.2, target_tok_s=100.0, classes={GREEDY: 2.0})
