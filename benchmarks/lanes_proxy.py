@@ -72,6 +72,7 @@ class Trace:
     users_now: int = 0
     phase: int = 0
     done: list[Done] = field(default_factory=list)
+    errors: int = 0
 
 
 def _config(
@@ -88,31 +89,41 @@ def _config(
 async def _request(
     client: httpx.AsyncClient, trace: Trace, rng: random.Random, share: float
 ) -> None:
+    """One request of a random lane; its tokens and decode speed, or an error counted."""
     interactive = rng.random() < share
     temperature, max_tokens = rng.choice(INTERACTIVE) if interactive else BATCH
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
             "max_tokens": max_tokens, "temperature": temperature,
             "stream_options": {"include_usage": True},
             "service_tier": "priority" if interactive else "flex"}  # fmt: skip
-    phase, first, tokens = trace.phase, None, 0
+    phase = trace.phase
+    try:
+        first, tokens = await _stream(client, body)
+    except httpx.HTTPError:
+        trace.errors += 1
+        return
+    end = time.perf_counter()
+    timed = first is not None and tokens > 1 and end > first
+    speed = (tokens - 1) / (end - first) if timed and first is not None else None
+    trace.done.append(Done("interactive" if interactive else "batch", phase, tokens, speed, end))
+
+
+async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float | None, int]:
+    """(when the first content arrived, completion tokens) of one streamed chat completion."""
+    first, tokens = None, 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise httpx.HTTPStatusError("not 200", request=reply.request, response=reply)
         async for line in reply.aiter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
-            if (
-                first is None
-                and chunk.get("choices")
-                and chunk["choices"][0]["delta"].get("content")
-            ):
+            choices = chunk.get("choices")
+            if first is None and choices and choices[0].get("delta", {}).get("content"):
                 first = time.perf_counter()
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    end = time.perf_counter()
-    speed = (
-        (tokens - 1) / (end - first) if first is not None and tokens > 1 and end > first else None
-    )
-    trace.done.append(Done("interactive" if interactive else "batch", phase, tokens, speed, end))
+    return first, tokens
 
 
 async def _user(u: int, client: httpx.AsyncClient, trace: Trace, share: float, seed: int) -> None:
@@ -182,7 +193,8 @@ def row(pool: Pool, r: dict[str, Any], phases: int, args: argparse.Namespace) ->
     wait = r["lanes"].get("batch", {}).get("wait_p99_s")
     seen_txt = "  -  " if seen is None else f"{seen:5.0%}"
     wait_txt = "  -  " if wait is None else f"{wait * scale:5.2f}"
-    return f"{pool.name:20} {agg:9.0f} {met:5.0%} {seen_txt} {wait_txt} s | {cells}"
+    errors = f" ({trace.errors} errors)" if trace.errors else ""
+    return f"{pool.name:20} {agg:9.0f} {met:5.0%} {seen_txt} {wait_txt} s | {cells}{errors}"
 
 
 def main() -> None:
