@@ -39,7 +39,7 @@ from specroute.wire import LaneSnapshot, PoolSnapshot
 INTERACTIVE_DRAWS = (Draw("greedy", 0.0, 256, False), Draw("chat", 0.3, 256, False))
 BATCH_DRAW = Draw("sampled", 0.9, 768, False)
 SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
-LANES_MIX = (1, 3, 5)
+LANES_MIX = "1,3,5"
 """The pool the lanes run on without the planner, and where the planned pool starts."""
 
 
@@ -186,16 +186,19 @@ def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run
     return Run(name, result, sim.speeds, sim.waits, lanes)
 
 
-def configurations() -> list[tuple[str, PoolSpec, bool]]:
-    """(name, pool, lanes) of every configuration compared."""
+def configurations(mixes: list[str]) -> list[tuple[str, PoolSpec, bool]]:
+    """(name, pool, lanes) of every configuration compared: on the first mix lanes with the
+    planner, lanes and no lanes; on the others lanes and no lanes."""
     known = pools()
-    mix = tuple(Setting(steps=k) for k in LANES_MIX)
-    label = "/".join(f"k{k}" for k in LANES_MIX)
-    out = [
-        (f"lanes + planner from {label}", PoolSpec(mix, "throughput", planner=True), True),
-        (f"lanes {label}", PoolSpec(mix, "throughput"), True),
-        (f"no lanes {label}", PoolSpec(mix, "throughput"), False),
-    ]
+    out = []
+    for i, text in enumerate(mixes):
+        mix = tuple(Setting(steps=int(k)) for k in text.split(","))
+        label = "/".join(s.label for s in mix)
+        if i == 0:
+            spec = PoolSpec(mix, "throughput", planner=True)
+            out.append((f"lanes + planner from {label}", spec, True))
+        out.append((f"lanes {label}", PoolSpec(mix, "throughput"), True))
+        out.append((f"no lanes {label}", PoolSpec(mix, "throughput"), False))
     fixed = [(f"3 x k{k}", known[f"k{k}"], False) for k in range(8)]
     adaptive = [(f"3 x {n}", known[n], False) for n in ("adaptive<=3", "adaptive<=7")]
     return out + fixed + adaptive
@@ -223,7 +226,7 @@ def verdicts(runs: list[Run], target: float) -> list[str]:
     ours, others = runs[0], runs[1:]
     deep = [r for r in others if r.name.startswith("3 x ") and _deep(r.name)]
     lines = []
-    for name, s, e in ours.result.phases:
+    for name, s, e in ours.result.phases if deep else ():
         mine = _median(ours.interactive(s, e))
         best = max(deep, key=lambda r: _nan_low(_median(r.interactive(s, e))))
         theirs = _median(best.interactive(s, e))
@@ -256,10 +259,17 @@ def main() -> None:
     parser.add_argument("--reserve", type=int, default=8)
     parser.add_argument("--scale", type=float, default=10.0, help="multiply phase durations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        help=f"a mixed pool for lanes (first: the planner's start; {LANES_MIX})",
+    )
     parser.add_argument("--only", action="append", default=[], help="pools whose name has this")
     args = parser.parse_args()
     configure_logging("warning")
-    wanted = [c for c in configurations() if not args.only or any(o in c[0] for o in args.only)]
+    every = configurations(args.mix or [LANES_MIX])
+    wanted = [c for c in every if not args.only or any(o in c[0] for o in args.only)]
     print(f"interactive share {args.share:.0%}, target {args.target:.0f} tok/s, reserve "
           f"{args.reserve}, profile {args.profile}, phases x{args.scale:g}")  # fmt: skip
     runs = []
