@@ -56,7 +56,7 @@ class Admission:
                 view, reserve=self._reserve, interactive_waiting=self.interactive_waiting
             )
         decision = _choose(policy, request, view)
-        self.interactive_admitted += request.lane == INTERACTIVE
+        self.interactive_admitted += interactive
         chosen = _chosen(view, decision.backend)
         if chosen is None:
             chosen = view.backends[0]
