@@ -11,7 +11,19 @@ import msgspec
 
 from specroute.planner.forecast import Forecast, Physics, Setting
 
-__all__ = ["LaneDemand", "at_target_slots", "lane_reason", "served_first", "shortfall"]
+__all__ = [
+    "MARGIN",
+    "LaneDemand",
+    "at_target_slots",
+    "lane_reason",
+    "served_first",
+    "shortfall",
+]
+
+MARGIN = 1.2
+"""A slot counts for the lane where the forecast's mean per-request speed is this many times
+the target: requests' speeds spread around the mean (each its own acceptance), and a slot
+planned at the mean leaves half of its requests below the target."""
 
 
 class LaneDemand(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,9 +63,9 @@ def at_target_slots(
     demand: LaneDemand,
     users: Mapping[str, int],
 ) -> float:
-    """Slots where an interactive request decodes at the target under the forecast's load:
-    on each server whose forecast batch keeps the target, as many as it can run and still
-    keep it (its free slots too); none on a server already past it."""
+    """Slots where an interactive request decodes at the target (its mean speed `MARGIN`
+    times it) under the forecast's load: on each server whose forecast batch keeps it, as many
+    as it can run and still keep it (its free slots too); none on a server already past it."""
     mix: Mapping[str, float] = demand.classes or users
     if not mix:
         return 0.0
@@ -61,7 +73,8 @@ def at_target_slots(
     for setting, server in zip(settings, fc.servers, strict=True):
         steps = server.steps if server.steps in phys.depths else setting.deepest
         capacity = phys.depths[setting.deepest].capacity
-        room = _room(phys, steps, capacity, _accept_length(phys, steps, mix), demand.target_tok_s)
+        accept = _accept_length(phys, steps, mix)
+        room = _room(phys, steps, capacity, accept, MARGIN * demand.target_tok_s)
         if server.running <= room:
             slots += room
     return slots
