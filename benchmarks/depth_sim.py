@@ -313,7 +313,9 @@ class DepthSim(PoolSim):
             await self._loop(scenario, end)
         finally:
             if task is not None:
-                task.cancel()
+                # A restart still under way when the trace ends waits on a clock that stopped.
+                for pending in (task, *self.loop._tasks):  # type: ignore[union-attr]
+                    pending.cancel()
                 await asyncio.gather(task, *self.loop._tasks, return_exceptions=True)  # type: ignore[union-attr]
         self.bins.extend([0.0] * (math.ceil(end / BIN_S) - len(self.bins)))
         plans: dict[str, int] = {}

@@ -1,87 +1,46 @@
-"""Latency lanes in virtual time: an interactive minority and a batch majority on one pool,
-routed by the real `throughput` policy with and without lanes, beside fixed deep pools.
+"""Latency lanes in virtual time: an interactive minority and a batch majority, load from quiet
+to saturated, on every fixed pool, the SGLang-adaptive pools, a mixed pool without lanes, the
+same pool with lanes, and lanes on a pool the product's depth loop plans (`depth_sim`).
 
-`policy_sim.PoolSim`'s engines, users and phases (scenarios/policy-eval.toml); a share of the
-requests is interactive (greedy code and low-temperature chat, up to 256 tokens), the rest batch
-(sampled at 0.9, up to 768 tokens). With lanes, requests carry their lane and target, the view
-carries the reserve and the interactive requests queued, and the queue admits interactive
-users first, as the proxy does. Prints, per configuration, the interactive lane's median
-per-request tok/s in each phase, its target attainment, the aggregate tok/s over the trace and
-the batch lane's p99 queue wait:
+`depth_sim.DepthSim`'s engines, restarts and loop; the phases of scenarios/policy-eval.toml
+(durations times `--scale`). A share of the requests is interactive (greedy code and
+low-temperature chat, up to 256 tokens), the rest batch (sampled at 0.9, up to 768 tokens).
+With lanes, requests carry their lane and target, the view carries the reserve and the
+interactive requests queued, the queue admits interactive users first, and `/pool` carries
+each lane's load, as the proxy does; the planner reads it there. Without lanes every request
+is routed and queued alike. Prints, per pool, the interactive lane's median per-request tok/s
+in each phase, its target attainment, the aggregate tok/s over the trace and the batch lane's
+p99 queue wait, then the verdicts:
 
-    .venv/bin/python benchmarks/lanes_sim.py --share 0.2 --steps 1,3,5
+    .venv/bin/python benchmarks/lanes_sim.py --share 0.2 --scale 10
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 
 import msgspec
-from policy_sim import Draw, PhaseStats, PoolSim, load_phases
+from depth_pools import ROOT, PoolSpec, pools
+from depth_sim import DepthSim
+from policy_sim import Draw, Req
+from sim_results import SimResult
 
 from specroute.bench.stats import percentile
-from specroute.lanes import BATCH, INTERACTIVE
-from specroute.policies import Decision, Outcome, Policy, PoolView, RouteRequest, create
+from specroute.bench.trace import load_scenario
+from specroute.lanes import BATCH, INTERACTIVE, Lane
+from specroute.logs import configure_logging
+from specroute.planner import Setting
+from specroute.policies import Decision, Outcome, Policy, PoolView, RouteRequest
+from specroute.reconfigure import ReconfigureOptions
+from specroute.wire import LaneSnapshot, PoolSnapshot
 
 INTERACTIVE_DRAWS = (Draw("greedy", 0.0, 256, False), Draw("chat", 0.3, 256, False))
 BATCH_DRAW = Draw("sampled", 0.9, 768, False)
-
-
-class LanesSim(PoolSim):
-    """A pool whose requests are interactive with probability `share`; with `lanes` they say
-    so, else every request is routed and queued alike."""
-
-    def __init__(
-        self, profile: str, steps: list[int], policy: Policy, *, share: float, lanes: bool,
-        seed: int,
-    ) -> None:  # fmt: skip
-        super().__init__(profile, steps, policy, seed=seed)
-        self.share = share
-        self.lanes = lanes
-        self.pending: dict[int, Draw] = {}  # a waiting user's next request, drawn once
-        self.asked: dict[int, float] = {}  # when a waiting user first found no room
-        self.waits: dict[str, list[float]] = {INTERACTIVE: [], BATCH: []}
-
-    def _next(self, user: int) -> Draw:
-        if user not in self.pending:
-            if self.rng.random() < self.share:
-                draw = self.rng.choice(INTERACTIVE_DRAWS)
-                lane = INTERACTIVE
-            else:
-                draw, lane = BATCH_DRAW, BATCH
-            self.pending[user] = Draw(
-                draw.workload, draw.temperature, draw.max_tokens, draw.ignore_eos, lane
-            )
-        return self.pending[user]
-
-    def _lane(self, user: int) -> str:
-        return self._next(user).lane
-
-    def draw_for(self, user: int) -> Draw:
-        draw = self._next(user)
-        del self.pending[user]
-        asked = self.asked.pop(user, None)
-        wait = 0.0 if asked is None else self.now - asked
-        if self.phase is not None and self.sending:
-            self.waits[draw.lane].append(wait)
-        return draw
-
-    def send(self, user: int) -> None:
-        self._next(user)
-        if not any(map(self.admits, range(len(self.nodes)))):
-            self.asked.setdefault(user, self.now)
-        super().send(user)
-
-    def interactive_waiting(self) -> int:
-        return sum(self._lane(u) == INTERACTIVE for u in self.waiting) if self.lanes else 0
-
-    def next_waiting(self) -> int:
-        if self.lanes:
-            for i, user in enumerate(self.waiting):
-                if self._lane(user) == INTERACTIVE:
-                    return i
-        return 0
+SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
+LANES_MIX = "1,3,5"
+"""The pool the lanes run on without the planner, and where the planned pool starts."""
 
 
 class WithoutLanes:
@@ -98,59 +57,230 @@ class WithoutLanes:
         self.policy.observe(msgspec.structs.replace(outcome, lane=BATCH))
 
 
+class LanesSim(DepthSim):
+    """A pool whose users' requests are interactive with probability `share`; with `lanes`
+    they say so, else every request is routed and queued alike."""
+
+    def __init__(self, profile: str, spec: PoolSpec, *, share: float, lanes: bool,
+                 target: float, reserve: int, seed: int,
+                 reconfigure: ReconfigureOptions | None = None) -> None:  # fmt: skip
+        super().__init__(profile, spec, seed=seed, reconfigure=reconfigure)
+        if not lanes:
+            self.policy = WithoutLanes(self.policy)
+        self.share, self.lanes = share, lanes
+        self.target_tok_s = target if lanes else 0.0
+        self.reserve = reserve if lanes else 0
+        self.overtakes = max(1, reserve)  # the proxy's `Admission.overtakes`
+        self.interactive_admitted = 0
+        self.batch_since: dict[int, int] = {}  # waiting batch users: interactive admitted then
+        self.pending: dict[int, Draw] = {}  # a user's next request, drawn once
+        self.asked: dict[int, float] = {}  # when a waiting user first found no room
+        self.waits: dict[Lane, list[tuple[float, float]]] = {INTERACTIVE: [], BATCH: []}
+        self.speeds: dict[Lane, list[tuple[float, float]]] = {INTERACTIVE: [], BATCH: []}
+
+    def _next(self, user: int) -> Draw:
+        if user not in self.pending:
+            if self.rng.random() < self.share:
+                draw, lane = self.rng.choice(INTERACTIVE_DRAWS), INTERACTIVE
+            else:
+                draw, lane = BATCH_DRAW, BATCH
+            self.pending[user] = Draw(
+                draw.workload, draw.temperature, draw.max_tokens, draw.ignore_eos, lane
+            )
+        return self.pending[user]
+
+    def draw_for(self, user: int) -> Draw:
+        draw = self._next(user)
+        del self.pending[user]
+        self.batch_since.pop(user, None)
+        self.interactive_admitted += draw.lane == INTERACTIVE
+        asked = self.asked.pop(user, None)
+        self.waits[draw.lane].append((self.now, 0.0 if asked is None else self.now - asked))
+        return draw
+
+    def send(self, user: int) -> None:
+        lane = self._next(user).lane
+        if not any(map(self.admits, range(len(self.nodes)))):
+            self.asked.setdefault(user, self.now)
+            if lane == BATCH:
+                self.batch_since.setdefault(user, self.interactive_admitted)
+        super().send(user)
+
+    def interactive_waiting(self) -> int:
+        if not self.lanes:
+            return 0
+        return sum(self._next(u).lane == INTERACTIVE for u in self.waiting)
+
+    def next_waiting(self) -> int:
+        """The proxy's order: a batch user that `overtakes` interactive ones went ahead of,
+        else the first interactive one, else the first."""
+        if not self.lanes:
+            return 0
+        for i, user in enumerate(self.waiting):
+            since = self.batch_since.get(user)
+            if since is not None and self.interactive_admitted - since >= self.overtakes:
+                return i
+        for i, user in enumerate(self.waiting):
+            if self._next(user).lane == INTERACTIVE:
+                return i
+        return 0
+
+    def _wake(self) -> None:
+        self.waiting = [u for u in self.waiting if u < self.users_now]
+        while self.waiting and any(self.admits(i) for i in range(len(self.nodes))):
+            self.send(self.waiting.pop(self.next_waiting()))
+
+    def record(self, req: Req, generated: int) -> None:
+        super().record(req, generated)
+        if generated > 1 and len(req.times) > 1:
+            speed = (generated - 1) / (req.times[-1] - req.times[0])
+            self.speeds[req.lane].append((self.now, speed))
+
+    def snapshot(self) -> PoolSnapshot:
+        """`/pool` with each lane's load, as the proxy's `LaneStats` reports it."""
+        snap = super().snapshot()
+        if not self.lanes:
+            return snap
+        counts: dict[Lane, dict[str, int]] = {INTERACTIVE: {}, BATCH: {}}
+        for req in self.reqs.values():
+            counts[req.lane][req.klass] = counts[req.lane].get(req.klass, 0) + 1
+        waiting: dict[Lane, int] = {INTERACTIVE: 0, BATCH: 0}
+        for user in self.waiting:
+            draw = self._next(user)
+            klass = f"{self.model}:{draw.workload}"
+            counts[draw.lane][klass] = counts[draw.lane].get(klass, 0) + 1
+            waiting[draw.lane] += 1
+        lanes = {
+            lane: LaneSnapshot(in_flight=sum(c.values()), waiting=waiting[lane], classes=c,
+                               target_tok_s=self.target_tok_s if lane == INTERACTIVE else 0.0)
+            for lane, c in counts.items()
+        }  # fmt: skip
+        return msgspec.structs.replace(snap, lanes=lanes)
+
+
 @dataclass
-class Result:
+class Run:
     name: str
-    phases: list[PhaseStats]
-    waits: dict[str, list[float]]
-    interactive: list[list[float]]  # per phase: the interactive requests' speeds
+    result: SimResult
+    speeds: dict[Lane, list[tuple[float, float]]]
+    waits: dict[Lane, list[tuple[float, float]]]
+    lanes: bool
+
+    def interactive(self, start: float, end: float) -> list[float]:
+        return [v for t, v in self.speeds[INTERACTIVE] if start <= t < end]
+
+    @property
+    def aggregate(self) -> float:
+        return self.result.window(0.0, self.result.phases[-1][2])[0]
+
+    def batch_p99_wait(self) -> float:
+        waits = [w for _, w in self.waits[BATCH]]
+        return percentile(waits, 99) if waits else 0.0
 
 
-def run(name: str, steps: list[int], policy: str, share: float, lanes: bool, *,
-        profile: str, target: float, reserve: int, seed: int, scale: float) -> Result:  # fmt: skip
-    routing = create(policy) if lanes else WithoutLanes(create(policy))
-    sim = LanesSim(profile, steps, routing, seed=seed, share=share, lanes=lanes)
-    sim.target_tok_s = target if lanes else 0.0
-    sim.reserve = reserve if lanes else 0
-    phases = [sim.run_phase(n, u, d) for n, u, d in load_phases(scale)]
-    interactive = [p.lane_speeds.get(INTERACTIVE, []) for p in phases]
-    return Result(name, phases, sim.waits, interactive)
+def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run:
+    options = ReconfigureOptions(mode="auto", allowed_steps=tuple(range(8)))
+    sim = LanesSim(args.profile, spec, share=args.share, lanes=lanes, target=args.target,
+                   reserve=args.reserve, seed=args.seed, reconfigure=options)  # fmt: skip
+    result = sim.run(load_scenario(SCENARIO), name, args.scale)
+    return Run(name, result, sim.speeds, sim.waits, lanes)
+
+
+def configurations(mixes: list[str]) -> list[tuple[str, PoolSpec, bool]]:
+    """(name, pool, lanes) of every configuration compared: on the first mix lanes with the
+    planner, lanes and no lanes; on the others lanes and no lanes."""
+    known = pools()
+    out = []
+    for i, text in enumerate(mixes):
+        mix = tuple(Setting(steps=int(k)) for k in text.split(","))
+        label = "/".join(s.label for s in mix)
+        if i == 0:
+            spec = PoolSpec(mix, "throughput", planner=True)
+            out.append((f"lanes + planner from {label}", spec, True))
+        out.append((f"lanes {label}", PoolSpec(mix, "throughput"), True))
+        out.append((f"no lanes {label}", PoolSpec(mix, "throughput"), False))
+    fixed = [(f"3 x k{k}", known[f"k{k}"], False) for k in range(8)]
+    adaptive = [(f"3 x {n}", known[n], False) for n in ("adaptive<=3", "adaptive<=7")]
+    return out + fixed + adaptive
+
+
+def _median(values: list[float]) -> float:
+    return percentile(values, 50) if values else math.nan
+
+
+def report(runs: list[Run], target: float) -> list[str]:
+    phases = runs[0].result.phases
+    lines = [f"{'pool':30} {'agg tok/s':>9} {'met':>5} {'batch p99 wait':>14} | interactive "
+             "median tok/s per phase: " + " ".join(n for n, _, _ in phases)]  # fmt: skip
+    for r in runs:
+        speeds = [v for _, v in r.speeds[INTERACTIVE]]
+        met = sum(v >= target for v in speeds) / len(speeds) if speeds else math.nan
+        cells = " ".join(f"{_median(r.interactive(s, e)):7.1f}" for _, s, e in phases)
+        lines.append(f"{r.name:30} {r.aggregate:9.0f} {met:5.0%} {r.batch_p99_wait():12.2f} s"
+                     f" | {cells}")  # fmt: skip
+    return lines + (verdicts(runs, target) if len(runs) > 1 else [])
+
+
+def verdicts(runs: list[Run], target: float) -> list[str]:
+    """The issue's three claims for the planned lanes pool (the first run), in numbers."""
+    ours, others = runs[0], runs[1:]
+    deep = [r for r in others if r.name.startswith("3 x ") and _deep(r.name)]
+    lines = []
+    for name, s, e in ours.result.phases if deep else ():
+        mine = _median(ours.interactive(s, e))
+        best = max(deep, key=lambda r: _nan_low(_median(r.interactive(s, e))))
+        theirs = _median(best.interactive(s, e))
+        ok = "yes" if mine >= theirs else "NO"
+        lines.append(f"{name:14} interactive median {mine:6.1f} vs best deep pool "
+                     f"{best.name} {theirs:6.1f}: at least as fast: {ok}")  # fmt: skip
+    best_agg = max(others, key=lambda r: r.aggregate)
+    gap = ours.aggregate / best_agg.aggregate - 1
+    lines.append(f"aggregate {ours.aggregate:.0f} tok/s vs best alternative {best_agg.name} "
+                 f"{best_agg.aggregate:.0f}: {gap:+.1%} (within 2%: "
+                 f"{'yes' if gap >= -0.02 else 'NO'})")  # fmt: skip
+    return lines
+
+
+def _deep(name: str) -> bool:
+    """The pools the issue calls deep: k3..k7 and the adaptive ones."""
+    tail = name.removeprefix("3 x ")
+    return tail.startswith("adaptive") or int(tail.removeprefix("k")) >= 3
+
+
+def _nan_low(v: float) -> float:
+    return -math.inf if math.isnan(v) else v
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="seed-qwen35-122b")
-    parser.add_argument("--steps", default="1,3,5", help="the pool the lanes run on")
-    parser.add_argument("--deep", default="3,4,5,6,7", help="fixed deep pools to compare")
     parser.add_argument("--share", type=float, default=0.2, help="interactive share")
     parser.add_argument("--target", type=float, default=100.0, help="interactive tok/s")
     parser.add_argument("--reserve", type=int, default=8)
-    parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument("--scale", type=float, default=10.0, help="multiply phase durations")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mix",
+        action="append",
+        default=[],
+        help=f"a mixed pool for lanes (first: the planner's start; {LANES_MIX})",
+    )
+    parser.add_argument("--only", action="append", default=[], help="pools whose name has this")
     args = parser.parse_args()
-    steps = [int(s) for s in args.steps.split(",")]
-    common = {"profile": args.profile, "target": args.target, "reserve": args.reserve,
-              "seed": args.seed, "scale": args.scale}  # fmt: skip
-    deep = [int(s) for s in args.deep.split(",") if s]
-    results = [
-        run(f"lanes {args.steps}", steps, "throughput", args.share, True, **common),
-        run(f"no lanes {args.steps}", steps, "throughput", args.share, False, **common),
-        *(run(f"3 x k{k}", [k] * 3, "least_loaded", args.share, False, **common) for k in deep),
-    ]
-    names = [p.name for p in results[0].phases]
-    print(f"interactive share {args.share:.0%}, target {args.target:.0f} tok/s, "
-          f"reserve {args.reserve}, profile {args.profile}")  # fmt: skip
-    print(f"{'pool':18} {'agg tok/s':>9} {'met':>5} {'batch p99 wait':>14} | interactive median "
-          "tok/s per phase: " + " ".join(names))  # fmt: skip
-    for r in results:
-        tokens = sum(p.tokens for p in r.phases)
-        time = sum(p.end - p.start for p in r.phases)
-        speeds = [s for phase in r.interactive for s in phase]
-        met = sum(s >= args.target for s in speeds) / len(speeds) if speeds else float("nan")
-        waits = r.waits[BATCH]
-        p99 = percentile(waits, 99) if waits else 0.0
-        cells = " ".join(f"{percentile(s, 50) if s else float('nan'):7.1f}" for s in r.interactive)
-        print(f"{r.name:18} {tokens / time:9.0f} {met:5.0%} {p99:12.2f} s | {cells}")
+    configure_logging("warning")
+    every = configurations(args.mix or [LANES_MIX])
+    wanted = [c for c in every if not args.only or any(o in c[0] for o in args.only)]
+    print(f"interactive share {args.share:.0%}, target {args.target:.0f} tok/s, reserve "
+          f"{args.reserve}, profile {args.profile}, phases x{args.scale:g}")  # fmt: skip
+    runs = []
+    for name, spec, lanes in wanted:
+        runs.append(run(name, spec, lanes, args))
+        print(report(runs[-1:], args.target)[1], flush=True)  # its row, as it comes
+    for line in report(runs, args.target):
+        print(line)
+    for r in runs:
+        for x in r.result.restarts:
+            print(f"   {r.name}: {x.began:6.0f}s {x.server} {x.before} -> {x.after}: {x.reason}")
 
 
 if __name__ == "__main__":

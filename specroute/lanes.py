@@ -43,7 +43,9 @@ class LanesConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """The same target as time per output token; when set it replaces `target_tok_s`."""
     reserve: Annotated[int, msgspec.Meta(ge=0)] = 0
     """Slots on each deepest server (and its queue past them) that batch requests take only
-    while no interactive request waits for one (in a queue, or sent shallower)."""
+    while no interactive request waits for one (in a queue, or sent shallower). In the proxy's
+    queue a waiting batch request lets at most this many (at least one) interactive requests
+    go ahead of it."""
     engine_priority: bool = False
     """Send the lane as the request's `priority` (servers run `--enable-priority-scheduling`;
     off: SGLang ignores it, or aborts with `--abort-on-priority-when-disabled`)."""

@@ -141,6 +141,7 @@ def test_dashboard_shows_live_numbers_that_change_under_load(demo: str, tmp_path
                 _share_axis_matches_its_title(page, "5 min", 300)
                 _relayed_and_server_rates_are_explained(page)
                 _decisions_are_a_bounded_list(page)
+                _each_lane_shows_its_requests_and_speeds(page)
                 _switch_policy_from_the_page(page, demo)
                 page.click("button[data-window='60']")
                 _share_axis_matches_its_title(page, "1 min", 60)
@@ -214,6 +215,18 @@ def _switch_policy_from_the_page(page: playwright.Page, url: str) -> None:
     page.wait_for_function(
         "() => document.querySelector('#policy-name').textContent === 'throughput'"
     )
+
+
+def _each_lane_shows_its_requests_and_speeds(page: playwright.Page) -> None:
+    """The demo's traffic names no lane: every request is batch, none interactive."""
+    page.wait_for_function(
+        """() => { const n = (lane) => parseFloat(document.querySelector(
+              `[data-lane=${lane}] [data-metric=lane_requests]`)?.textContent);
+            return n("batch") > 0 && n("interactive") === 0; }"""
+    )
+    speeds = page.text_content("[data-lane=batch] td:nth-child(6)")
+    assert speeds is not None
+    assert "\u2013" not in speeds.split("/")[0]  # a median speed is shown
 
 
 def test_the_share_chart_leaves_idle_stretches_blank(demo: str) -> None:

@@ -13,8 +13,10 @@ from specroute.errors import ConfigError
 from specroute.lanes import LanesConfig, lane_of
 from specroute.policies import Outcome, PoolView, RouteRequest, Throughput
 from specroute.proxy.auth import Auth
-from specroute.proxy.lanes import LaneResolver, LaneStats, decode_speed, with_priority
+from specroute.proxy.lane_stats import RECENT, LaneStats
+from specroute.proxy.lanes import LaneResolver, decode_speed, with_priority
 from specroute.proxy.metrics import ProxyMetrics
+from specroute.wire import LaneSnapshot
 
 FAST, SLOW, TRUSTED = b"Bearer sk-fast", b"Bearer sk-slow", b"Bearer sk-trusted"
 LANES = LanesConfig(interactive_keys=("sk-fast",), batch_keys=("sk-slow",))
@@ -101,15 +103,51 @@ def test_lane_stats_count_the_target_met_and_missed_and_the_longest_wait() -> No
     stats.observe("interactive", 0.5, 80.0)
     stats.observe("interactive", 0.1, None)  # too short to time
     stats.observe("batch", 2.0, 40.0)  # batch has no speed target
-    report = stats.report()
-    assert report["interactive"] == {
-        "requests": 3, "target_tok_s": 100.0, "met": 1, "missed": 1, "attainment": 0.5,
-        "mean_tok_s": 115.0, "mean_wait_s": pytest.approx(0.2), "max_wait_s": 0.5,
-    }  # fmt: skip
-    assert report["batch"]["attainment"] == 1.0
+    report = stats.report({"interactive": 2})
+    assert report["interactive"] == LaneSnapshot(
+        requests=3, waiting=2, target_tok_s=100.0, met=1, missed=1, attainment=0.5,
+        mean_tok_s=115.0, tok_s_p50=115.0, tok_s_p90=pytest.approx(143.0),
+        tok_s_p99=pytest.approx(149.3), mean_wait_s=pytest.approx(0.2), wait_p50_s=0.1,
+        wait_p99_s=pytest.approx(0.492), max_wait_s=0.5,
+    )  # fmt: skip
+    assert report["batch"].attainment == 1.0
     text = metrics.render().decode()
     assert 'specroute_lane_requests_total{lane="interactive",target="missed"} 1.0' in text
     assert 'specroute_lane_requests_total{lane="interactive",target="unmeasured"} 1.0' in text
+    assert 'specroute_lane_target_attainment_ratio{lane="interactive"} 0.5' in text
+    speed = 'specroute_lane_recent_tokens_per_second{lane="interactive",quantile="0.5"}'
+    assert f"{speed} 115.0" in text
+    assert 'specroute_lane_recent_queue_wait_seconds{lane="batch",quantile="0.99"} 2.0' in text
+
+
+def test_lane_stats_percentiles_follow_the_recent_requests_only() -> None:
+    stats = LaneStats(ProxyMetrics().registry, target_tok_s=100.0)
+    for _ in range(RECENT):
+        stats.observe("interactive", 5.0, 10.0)
+    for _ in range(RECENT):
+        stats.observe("interactive", 0.0, 200.0)
+    lane = stats.snapshot("interactive")
+    assert (lane.tok_s_p50, lane.tok_s_p99, lane.wait_p99_s) == (200.0, 200.0, 0.0)
+    assert lane.attainment == 0.5  # since start
+    assert lane.max_wait_s == 5.0
+
+
+def test_lane_load_counts_requests_in_flight_by_class_until_they_leave() -> None:
+    metrics = ProxyMetrics()
+    stats = LaneStats(metrics.registry, target_tok_s=0.0)
+    stats.arrive("interactive", "m:greedy")
+    stats.arrive("interactive", "m:greedy")
+    stats.arrive("interactive", "m:chat")
+    stats.arrive("batch", "m:sampled")
+    stats.leave("interactive", "m:greedy")
+    assert stats.snapshot("interactive").in_flight == 2
+    assert stats.snapshot("interactive").classes == {"m:greedy": 1, "m:chat": 1}
+    assert 'specroute_lane_in_flight_requests{lane="batch"} 1.0' in metrics.render().decode()
+    stats.leave("batch", "m:sampled")
+    stats.leave("interactive", "m:greedy")
+    stats.leave("interactive", "m:chat")
+    assert [stats.snapshot(lane).in_flight for lane in ("interactive", "batch")] == [0, 0]
+    assert stats.snapshot("interactive").classes == {}
 
 
 def test_interactive_goes_deep_where_batch_goes_for_throughput() -> None:

@@ -71,6 +71,8 @@ def test_the_lane_is_in_the_reply_metrics_pool_and_engine_priority() -> None:
     assert interactive["target_tok_s"] == 20.0
     assert interactive["attainment"] == 1.0
     assert interactive["mean_tok_s"] > 20.0
+    assert interactive["tok_s_p50"] == interactive["mean_tok_s"]  # one request
+    assert (interactive["in_flight"], interactive["waiting"]) == (0, 0)  # all answered
     assert pool["lanes"]["batch"]["requests"] == 2
 
 
@@ -82,7 +84,7 @@ async def _wait_until(condition: Callable[[], bool]) -> None:
     raise TimeoutError("condition not reached")
 
 
-async def _admission_order() -> list[str]:
+async def _admission_order() -> tuple[list[str], dict[str, Any]]:
     gate = asyncio.Event()
     order: list[str] = []
 
@@ -104,9 +106,10 @@ async def _admission_order() -> list[str]:
         await _wait_until(lambda: _waiting(app) == 1)
         sent.append(asyncio.create_task(_send(client, "interactive", "priority")))
         await _wait_until(lambda: _waiting(app) == 2)
+        lanes = (await client.get("/pool")).json()["lanes"]
         gate.set()
         assert await asyncio.gather(*sent) == [200, 200, 200]
-    return order
+    return order, lanes
 
 
 def _waiting(app: ProxyApp) -> int:
@@ -120,4 +123,43 @@ async def _send(client: httpx.AsyncClient, text: str, tier: str | None) -> int:
 
 
 def test_an_interactive_request_is_admitted_before_a_batch_one_that_waited_longer() -> None:
-    assert asyncio.run(_admission_order()) == ["first", "interactive", "batch"]
+    order, lanes = asyncio.run(_admission_order())
+    assert order == ["first", "interactive", "batch"]
+    # While held: each lane's load in /pool, waiting and running, as the planner reads it.
+    assert (lanes["interactive"]["in_flight"], lanes["interactive"]["waiting"]) == (1, 1)
+    assert (lanes["batch"]["in_flight"], lanes["batch"]["waiting"]) == (2, 1)
+
+
+async def _queue_order(reserve: int, sends: list[tuple[str, str]]) -> list[str]:
+    """The order a one-slot backend sees requests sent while its slot is held, one by one,
+    each waiting in the queue before the next is sent."""
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    async def held(body: bytes, send: Send) -> None:
+        order.append(json.loads(body)["messages"][0]["content"])
+        if len(order) == 1:
+            await gate.wait()
+        await _stream(body, send)
+
+    async with (
+        Upstream(held, steps=3, info={"max_running_requests": 1}).running() as backend,
+        inprocess.proxy({"deep": backend}, admission={"overcommit": 1.0},
+                        lanes={"reserve": reserve}) as (url, app),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):  # fmt: skip
+        sent = [asyncio.create_task(_send(client, "first", None))]
+        await _wait_until(lambda: len(order) == 1)
+        for n, (text, tier) in enumerate(sends, 1):
+            sent.append(asyncio.create_task(_send(client, text, tier)))
+            await _wait_until(lambda n=n: _waiting(app) == n)  # type: ignore[misc]
+        gate.set()
+        assert set(await asyncio.gather(*sent)) == {200}
+    return order
+
+
+def test_a_waiting_batch_request_lets_at_most_reserve_interactive_ones_ahead() -> None:
+    sends = [("batch", "flex"), *((f"i{n}", "priority") for n in range(1, 5))]
+    assert asyncio.run(_queue_order(2, sends)) == ["first", "i1", "i2", "batch", "i3", "i4"]
+    # Without a reserve, one: the bound on a batch request's wait is its queue plus one.
+    assert asyncio.run(_queue_order(0, sends)) == ["first", "i1", "batch", "i2", "i3", "i4"]

@@ -18,6 +18,7 @@ from specroute.planner.forecast import (
     forecast,
     user_counts,
 )
+from specroute.planner.lanes import LaneDemand, at_target_slots, served_first, shortfall
 from specroute.planner.plan import Planner
 from specroute.planner.regime import Regime, RegimeTracker
 
@@ -27,6 +28,7 @@ __all__ = [
     "DepthEstimate",
     "Estimates",
     "Forecast",
+    "LaneDemand",
     "Objective",
     "Plan",
     "Planner",
@@ -37,6 +39,9 @@ __all__ = [
     "ServerState",
     "Setting",
     "Tier",
+    "at_target_slots",
     "forecast",
+    "served_first",
+    "shortfall",
     "user_counts",
 ]

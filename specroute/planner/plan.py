@@ -13,6 +13,7 @@ import msgspec
 from specroute.planner.decision import Change, Plan, PlannerOptions, ServerState
 from specroute.planner.estimates import Estimates
 from specroute.planner.forecast import Forecast, Physics, Setting, forecast, user_counts
+from specroute.planner.lanes import LaneDemand, lane_reason, served_first
 from specroute.planner.regime import Regime, RegimeTracker
 
 __all__ = ["Planner"]
@@ -51,6 +52,8 @@ class Planner:
         """What changes that did not pay added to the bar (`account`)."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
+        self.lanes: LaneDemand | None = None
+        """The interactive lane's load and target, as last read: served first (`lanes`)."""
         fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
         adaptive = [Setting(steps=max(k for _, ks in t for k in ks), tiers=t) for t in o.adaptive]
         self.choices = (*fixed, *adaptive)
@@ -87,7 +90,10 @@ class Planner:
             return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
                         current=now_fc, horizon_s=horizon, bar=bar,
                         reason=f"no assignment gains {bar:.0%} over {horizon:.0f}s")  # fmt: skip
-        reason = _numbers(now_fc, shown, regime, horizon, len(loads))
+        reason = _numbers(now_fc, shown, regime, horizon, len(loads)) + lane_reason(
+            self.lanes, phys, users, ([s.setting for s in servers], now_fc),
+            (shown.settings, shown.forecast),
+        )  # fmt: skip
         start: tuple[Change, ...] = ()
         if best is None:
             verdict = "hold: does not pay"
@@ -165,7 +171,8 @@ class Planner:
     def _forecast(
         self, settings: Sequence[Setting], users: Mapping[str, int], phys: Physics
     ) -> Forecast:
-        return forecast(settings, users, phys, self.options.objective, self.options.floor_tok_s)
+        fc = forecast(settings, users, phys, self.options.objective, self.options.floor_tok_s)
+        return served_first(settings, fc, phys, self.lanes, users)
 
     def _search(
         self,

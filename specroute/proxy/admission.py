@@ -1,6 +1,8 @@
 """Admission: pick a backend through the policy, or wait in a bounded queue while every
 backend is at its in-flight limit; a full queue answers 429, a long wait 503. Interactive
-requests go first: no batch request is admitted while an interactive one waits."""
+requests go first: no batch request is admitted while an interactive one waits, until
+`reserve` interactive requests (one without a reserve) went ahead of it: a batch request waits
+at most for the requests queued before it and that many more, never starved."""
 
 from __future__ import annotations
 
@@ -30,6 +32,11 @@ class Admission:
         self._pool = pool
         self._config = config
         self._reserve = reserve  # slots per deepest backend kept for interactive requests
+        self.overtakes = max(1, reserve)
+        """Interactive requests that may go ahead of one waiting batch request, at most."""
+        self.interactive_admitted = 0
+        self._batch_since: dict[int, int] = {}
+        """Batch requests waiting, by `interactive_admitted` when each began to wait."""
         self.waiting = 0
         self.interactive_waiting = 0
 
@@ -38,13 +45,18 @@ class Admission:
     ) -> tuple[Lease, Decision]:
         """A lease on the backend the policy chose, preferring backends not `tried` yet."""
         view = self._candidates(request.model, tried)
-        if view is None or (self.interactive_waiting and request.lane != INTERACTIVE):
+        interactive = request.lane == INTERACTIVE
+        held = self._batch_due() if interactive else self.interactive_waiting
+        if view is not None and held and interactive:
+            self._pool.notify()  # the due batch request takes this room
+        if view is None or held:
             view = await self._wait(request, tried)
         if self._reserve or self.interactive_waiting:
             view = msgspec.structs.replace(
                 view, reserve=self._reserve, interactive_waiting=self.interactive_waiting
             )
         decision = _choose(policy, request, view)
+        self.interactive_admitted += interactive
         chosen = _chosen(view, decision.backend)
         if chosen is None:
             chosen = view.backends[0]
@@ -70,8 +82,11 @@ class Admission:
                 retry_after=retry_after,
             )
         deadline = time.monotonic() + self._config.queue_timeout_s
+        since = self.interactive_admitted
         self.waiting += 1
         self.interactive_waiting += interactive
+        if not interactive:
+            self._batch_since[since] = self._batch_since.get(since, 0) + 1
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -83,7 +98,7 @@ class Admission:
                     )
                 await self._pool.wait_changed(min(remaining, _RECHECK_S))
                 view = self._candidates(model, tried)
-                if view is not None and (interactive or not self.interactive_waiting):
+                if view is not None and self._goes(interactive, since):
                     return view
                 if not self._pool.healthy(model):
                     raise self._no_healthy(model, tried)
@@ -91,7 +106,26 @@ class Admission:
             self.waiting -= 1
             if interactive:
                 self.interactive_waiting -= 1
-                self._pool.notify()  # batch requests held behind this one may go now
+            else:
+                self._batch_since[since] -= 1
+                if not self._batch_since[since]:
+                    del self._batch_since[since]
+            self._pool.notify()  # requests held behind this one may go now
+
+    def _batch_due(self) -> bool:
+        """Whether a waiting batch request has let `overtakes` interactive ones ahead: no
+        further one goes before it."""
+        since = min(self._batch_since, default=None)
+        return since is not None and self.interactive_admitted - since >= self.overtakes
+
+    def _goes(self, interactive: bool, since: int) -> bool:
+        """Whether a request waiting since `since` (interactive admissions) takes a free slot:
+        interactive unless a batch request is due; batch when no interactive request waits
+        or it is due itself."""
+        if interactive:
+            return not self._batch_due()
+        waited = self.interactive_admitted - since >= self.overtakes
+        return not self.interactive_waiting or waited
 
     def _no_healthy(self, model: str | None, tried: Collection[str]) -> NoHealthyBackendError:
         """The 503 that says, for each backend, why it could not take this request."""

@@ -11,7 +11,8 @@ import structlog
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
 from specroute.pool import Lease, UpstreamFailure
 from specroute.proxy.intake import Send
-from specroute.proxy.lanes import LANE_HEADER, LaneStats, decode_speed
+from specroute.proxy.lane_stats import LaneStats
+from specroute.proxy.lanes import LANE_HEADER, decode_speed
 from specroute.proxy.metrics import ProxyMetrics
 from specroute.proxy.migrate import Migration
 from specroute.proxy.reply import Reply
@@ -110,9 +111,18 @@ class Exchange:
             return None
         return stream.ttft - (self.attempt_started - self.started)
 
+    def arrive(self, request: RouteRequest, lanes: LaneStats) -> None:
+        """The request is read: it is in its lane's load until `finish_lane`."""
+        self.request = request
+        lanes.arrive(request.lane, request.workload_class)
+
     def finish_lane(self, lanes: LaneStats) -> None:
-        """What the request's lane got: its queue wait and a stream's decode speed."""
-        if self.request is None or self.admitted is None or self.reply.status != 200:
+        """The request leaves its lane's load; what it got: its queue wait and a stream's
+        decode speed."""
+        if self.request is None:
+            return
+        lanes.leave(self.request.lane, self.request.workload_class)
+        if self.admitted is None or self.reply.status != 200:
             return
         stream = self.reply.stream
         ttft = stream.ttft if stream is not None else None

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
+from specroute.lanes import BATCH, INTERACTIVE
 from specroute.policies import ClassEstimate
 from specroute.pool import Backend, Hold, UpstreamFailure
 from specroute.proxy.state import ProxyState
@@ -81,7 +82,7 @@ def pool_info(state: ProxyState) -> PoolSnapshot:
         estimates=_estimates(state),
         replicas=replicas_info(state),
         recent_decisions=state.decisions.render(),
-        lanes=state.lanes.report(),
+        lanes=state.lanes.report(_lanes_waiting(state)),
     )
 
 
@@ -218,3 +219,10 @@ def _pool_state(
     throughputs = [s.get("last_gen_throughput") for s in states]
     merged["last_gen_throughput"] = sum(t for t in throughputs if isinstance(t, int | float))
     return merged
+
+
+def _lanes_waiting(state: ProxyState) -> dict[str, int]:
+    """Requests of each lane in the admission queue."""
+    admission = state.admission
+    interactive = admission.interactive_waiting
+    return {INTERACTIVE: interactive, BATCH: admission.waiting - interactive}

@@ -130,7 +130,7 @@ class Relay:
             incoming = await self._intake.read(route.kind, scope, receive, body)
             if route.kind == STORED_RESPONSE:
                 incoming = incoming._replace(continues=stored_response_id(ex.method, ex.path))
-            ex.request = incoming.request
+            ex.arrive(incoming.request, state.lanes)
             stop_watching = watch_disconnect(scope, receive, partial(_client_left, task, reply))
             await self._forward(ex, incoming)
         except SpecrouteError as exc:

@@ -12,7 +12,7 @@ from specroute.proxy.auth import Auth
 from specroute.proxy.bodies import BodyBudget
 from specroute.proxy.decisions import RecentDecisions
 from specroute.proxy.depths import DepthWatch
-from specroute.proxy.lanes import LaneStats
+from specroute.proxy.lane_stats import LaneStats
 from specroute.proxy.metrics import ProxyGauges, ProxyMetrics
 from specroute.proxy.paced import PacedRender
 from specroute.proxy.process import ProcessMonitor

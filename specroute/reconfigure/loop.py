@@ -27,7 +27,7 @@ from specroute.planner import (
 )
 from specroute.reconfigure.accounts import Ledger
 from specroute.reconfigure.actuator import Actuator, Mode, Record
-from specroute.reconfigure.readings import Traffic, estimates
+from specroute.reconfigure.readings import LaneTraffic, Traffic, estimates
 from specroute.wire import (
     ChangeRecord,
     HoldAnswer,
@@ -168,6 +168,7 @@ class Reconfigurer:
         self._restart = restart
         self._limit = limit
         self.traffic = Traffic()
+        self.lanes = LaneTraffic()
         self.ledger = Ledger(window_s=self.planner.options.window_s)
         self.plan: Plan | None = None
         self.note = "no estimates yet: waiting for the first requests"
@@ -206,6 +207,7 @@ class Reconfigurer:
         now = self.actuator.clock()
         loads, queued = self.traffic.sample(pool)
         self.planner.observe(now, loads, queued)
+        self.planner.lanes = self.lanes.sample(pool)
         self.ledger.sample(now, self.traffic.tokens)
         self._ticks += 1
         if self._ticks % self.options.plan_every:

@@ -1,15 +1,21 @@
-"""What the launcher's planner reads from the proxy's `GET /pool`: the load per workload class
-and the estimates (T(b, k) fits, capacity per depth, acceptance per class). Pure."""
+"""What the launcher's planner reads from the proxy's `GET /pool`: the load per workload class,
+the interactive lane's share of it, and the estimates (T(b, k) fits, capacity per depth,
+acceptance per class). Pure."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 
-from specroute.planner import DepthEstimate, Estimates
+from specroute.lanes import INTERACTIVE
+from specroute.planner import DepthEstimate, Estimates, LaneDemand
 from specroute.policies import ClassEstimate
 from specroute.wire import BackendSnapshot, ClassSnapshot, PoolSnapshot
 
-__all__ = ["Traffic", "estimates", "fits_by_depth"]
+__all__ = ["LANE_WINDOW", "LaneTraffic", "Traffic", "estimates", "fits_by_depth"]
+
+LANE_WINDOW = 30
+"""Samples the interactive lane's share is averaged over (a minute at the loop's 2 s tick)."""
 
 
 class Traffic:
@@ -44,6 +50,34 @@ class Traffic:
         if not self.shares:
             return ({"unknown": total} if total else {}), queued
         return {c: total * s for c, s in self.shares.items()}, queued
+
+
+class LaneTraffic:
+    """The interactive lane's share of the requests in flight and its class mix, summed over
+    the last `window` /pool answers, with its target: what the planner serves first."""
+
+    def __init__(self, window: int = LANE_WINDOW) -> None:
+        self._samples: collections.deque[tuple[int, int, dict[str, int]]] = collections.deque(
+            maxlen=window
+        )
+
+    def sample(self, pool: PoolSnapshot) -> LaneDemand | None:
+        """The lane's demand after one /pool answer (None: no lanes, no target, or no load
+        seen yet)."""
+        lane = pool.lanes.get(INTERACTIVE)
+        if lane is None or lane.target_tok_s <= 0:
+            return None
+        total = sum(snap.in_flight for snap in pool.lanes.values())
+        self._samples.append((lane.in_flight, total, dict(lane.classes)))
+        seen = sum(t for _, t, _ in self._samples)
+        if seen <= 0:
+            return None
+        classes: dict[str, float] = {}
+        for _, _, mix in self._samples:
+            for name, n in mix.items():
+                classes[name] = classes.get(name, 0.0) + n
+        share = sum(i for i, _, _ in self._samples) / seen
+        return LaneDemand(share=share, target_tok_s=lane.target_tok_s, classes=classes)
 
 
 def fits_by_depth(backends: Sequence[BackendSnapshot]) -> dict[int, tuple[float, float, int]]:

@@ -20,6 +20,7 @@ __all__ = [
     "HoldChange",
     "HoldState",
     "IterationFit",
+    "LaneSnapshot",
     "PlanDocument",
     "PlanSummary",
     "PoolEstimates",
@@ -114,6 +115,35 @@ class PoolEstimates(msgspec.Struct, kw_only=True):
     iteration: dict[str, IterationFit] = {}
 
 
+class LaneSnapshot(msgspec.Struct, kw_only=True):
+    """One latency lane in `/pool`: its load now (requests in flight from arrival to end,
+    queue included, and by workload class), its speed target and how many met it since
+    start, and the per-request decode speeds and queue waits of its recent requests. Every
+    field always sent (the dashboard reads nulls)."""
+
+    requests: int = 0
+    in_flight: int = 0
+    """Requests of the lane in this proxy now, waiting or running: the load the planner plans."""
+    waiting: int = 0
+    """Of those, waiting in the admission queue."""
+    classes: dict[str, int] = {}
+    """`in_flight` by workload class."""
+    target_tok_s: float = 0.0
+    met: int = 0
+    missed: int = 0
+    attainment: float | None = None
+    mean_tok_s: float | None = None
+    tok_s_p50: float | None = None
+    """Per-request decode speed percentiles over the lane's recent requests."""
+    tok_s_p90: float | None = None
+    tok_s_p99: float | None = None
+    mean_wait_s: float | None = None
+    wait_p50_s: float | None = None
+    """Queue wait (arrival to first attempt) percentiles over the lane's recent requests."""
+    wait_p99_s: float | None = None
+    max_wait_s: float = 0.0
+
+
 class PoolSnapshot(msgspec.Struct, kw_only=True):
     """`GET /pool`."""
 
@@ -124,8 +154,8 @@ class PoolSnapshot(msgspec.Struct, kw_only=True):
     estimates: PoolEstimates
     replicas: dict[str, Any] = {}
     recent_decisions: list[Any] = []
-    lanes: dict[str, Any] = {}
-    """Per latency lane: requests, target attainment, speed and queue wait."""
+    lanes: dict[str, LaneSnapshot] = {}
+    """Per latency lane: its load, target attainment, speed and queue wait."""
 
 
 # -- backend holds -----------------------------------------------------------------------------

@@ -1,0 +1,231 @@
+"""Latency lanes through the real proxy, wall clock: emulated servers on loopback, `specroute
+serve` with and without `[lanes]`, and closed-loop users whose requests are interactive
+(`service_tier: priority`; greedy code and chat at 0.3, up to 256 tokens) with probability
+`--share`, else batch (`flex`; sampled at 0.9, up to 768 tokens), through the phases of
+scenarios/policy-eval.toml (durations times `--duration-scale`). One run over every pool:
+
+    .venv/bin/python benchmarks/lanes_proxy.py --duration-scale 0.25
+
+Prints, per pool, the interactive requests' median tok/s by the phase they began in, their
+target attainment as the client measured it and as the proxy's `/pool` reports it, the
+aggregate tok/s (every completion token over the time to the last answer) and the batch
+lane's p99 queue wait from `/pool`. Speeds are the emulators' (wall tok/s over `--time-scale`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from specroute.bench.stats import percentile
+from specroute.children import free_port, spawn, stop_async, wait_ready
+from specroute.emulator.fleet import emulated_fleet
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
+MODEL = "Qwen/Qwen3.5-122B-A10B"
+PROMPT = " ".join(f"word{i % 97}" for i in range(256))
+INTERACTIVE = ((0.0, 256), (0.3, 256))
+BATCH = (0.9, 768)
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    depths: tuple[int, ...]
+    policy: str
+    lanes: bool
+
+
+POOLS = (
+    Pool("lanes k1/k3/k5", (1, 3, 5), "throughput", True),
+    Pool("no lanes k1/k3/k5", (1, 3, 5), "throughput", False),
+    Pool("3 x k1", (1, 1, 1), "least_loaded", False),
+    Pool("3 x k3", (3, 3, 3), "least_loaded", False),
+    Pool("3 x k5", (5, 5, 5), "least_loaded", False),
+    Pool("3 x k7", (7, 7, 7), "least_loaded", False),
+)
+
+
+@dataclass
+class Done:
+    lane: str
+    phase: int
+    tokens: int
+    speed: float | None
+    end: float
+
+
+@dataclass
+class Trace:
+    users_now: int = 0
+    phase: int = 0
+    done: list[Done] = field(default_factory=list)
+    errors: int = 0
+
+
+def _config(
+    path: Path, urls: list[str], pool: Pool, port: int, target: float, reserve: int
+) -> None:
+    lines = [f"port = {port}", f'policy = "{pool.policy}"', 'log_level = "warning"',
+             "[health]", "interval_s = 0.5", "metrics_interval_s = 1.0"]  # fmt: skip
+    if pool.lanes:
+        lines += ["[lanes]", f"target_tok_s = {target}", f"reserve = {reserve}"]
+    lines += [f'[[backends]]\nurl = "{u}"\nname = "b{i}"' for i, u in enumerate(urls)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+async def _request(
+    client: httpx.AsyncClient, trace: Trace, rng: random.Random, share: float
+) -> None:
+    """One request of a random lane; its tokens and decode speed, or an error counted."""
+    interactive = rng.random() < share
+    temperature, max_tokens = rng.choice(INTERACTIVE) if interactive else BATCH
+    body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
+            "max_tokens": max_tokens, "temperature": temperature,
+            "stream_options": {"include_usage": True},
+            "service_tier": "priority" if interactive else "flex"}  # fmt: skip
+    phase = trace.phase
+    try:
+        first, tokens = await _stream(client, body)
+    except httpx.HTTPError:
+        trace.errors += 1
+        return
+    end = time.perf_counter()
+    timed = first is not None and tokens > 1 and end > first
+    speed = (tokens - 1) / (end - first) if timed and first is not None else None
+    trace.done.append(Done("interactive" if interactive else "batch", phase, tokens, speed, end))
+
+
+async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float | None, int]:
+    """(when the first content arrived, completion tokens) of one streamed chat completion."""
+    first, tokens = None, 0
+    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        if reply.status_code != 200:
+            raise httpx.HTTPStatusError("not 200", request=reply.request, response=reply)
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices")
+            if first is None and choices and choices[0].get("delta", {}).get("content"):
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first, tokens
+
+
+async def _user(u: int, client: httpx.AsyncClient, trace: Trace, share: float, seed: int) -> None:
+    rng = random.Random(seed * 1000 + u)
+    while u < trace.users_now:
+        await _request(client, trace, rng, share)
+
+
+async def _drive(
+    url: str, phases: list[tuple[str, int, float]], share: float, seed: int
+) -> tuple[Trace, float]:
+    trace = Trace()
+    tasks: list[asyncio.Task[None]] = []
+    limits = httpx.Limits(max_connections=128)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        for i, (_, users, duration) in enumerate(phases):
+            trace.phase, before, trace.users_now = i, trace.users_now, users
+            tasks += [
+                asyncio.create_task(_user(u, client, trace, share, seed))
+                for u in range(before, users)
+            ]
+            await asyncio.sleep(duration)
+        trace.users_now = 0
+        await asyncio.gather(*tasks)
+        return trace, time.perf_counter() - start
+
+
+async def one_pool(
+    pool: Pool, args: argparse.Namespace, phases: list[tuple[str, int, float]], out: Path
+) -> dict[str, Any]:
+    scale = args.time_scale
+    async with emulated_fleet(
+        pool.depths, profile=args.profile, extra_args=["--time-scale", str(scale)]
+    ) as servers:
+        port = free_port()
+        config = out / f"{pool.name.replace(' ', '_').replace('/', '-')}.toml"
+        _config(config, [s.url for s in servers], pool, port, args.target * scale, args.reserve)
+        proxy = spawn([sys.executable, "-m", "specroute", "serve", "--config", str(config)],
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            await wait_ready(url + "/ready", process=proxy, poll_s=0.2, name="the proxy")
+            await asyncio.sleep(1.5)  # discovery of every backend
+            trace, wall = await _drive(url, phases, args.share, args.seed)
+            async with httpx.AsyncClient(timeout=10) as client:
+                lanes = (await client.get(url + "/pool")).json().get("lanes", {})
+        finally:
+            await stop_async(proxy)
+    return {"trace": trace, "wall": wall, "lanes": lanes}
+
+
+def _median(values: list[float]) -> float:
+    return percentile(values, 50) if values else float("nan")
+
+
+def row(pool: Pool, r: dict[str, Any], phases: int, args: argparse.Namespace) -> str:
+    scale, trace = args.time_scale, r["trace"]
+    inter = [d for d in trace.done if d.lane == "interactive" and d.speed is not None]
+    cells = " ".join(
+        f"{_median([d.speed / scale for d in inter if d.phase == i]):7.1f}" for i in range(phases)
+    )
+    met = sum(d.speed / scale >= args.target for d in inter) / len(inter) if inter else float("nan")
+    agg = sum(d.tokens for d in trace.done) / r["wall"] / scale
+    lane = r["lanes"].get("interactive", {})
+    seen = lane.get("attainment") if pool.lanes else None
+    wait = r["lanes"].get("batch", {}).get("wait_p99_s")
+    seen_txt = "  -  " if seen is None else f"{seen:5.0%}"
+    wait_txt = "  -  " if wait is None else f"{wait * scale:5.2f}"
+    errors = f" ({trace.errors} errors)" if trace.errors else ""
+    return f"{pool.name:20} {agg:9.0f} {met:5.0%} {seen_txt} {wait_txt} s | {cells}{errors}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="seed-qwen35-122b")
+    parser.add_argument("--share", type=float, default=0.2)
+    parser.add_argument("--target", type=float, default=100.0, help="interactive tok/s (emulated)")
+    parser.add_argument("--reserve", type=int, default=8)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--duration-scale", type=float, default=0.25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", action="append", default=[])
+    parser.add_argument("--out", default="/tmp/lanes-proxy")
+    args = parser.parse_args()
+    data = tomllib.loads(SCENARIO.read_text())
+    phases = [(p["name"], p["concurrency"], p["duration"] * args.duration_scale)
+              for p in data["phases"]]  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"interactive share {args.share:.0%}, target {args.target:.0f} tok/s, reserve "
+          f"{args.reserve}, profile {args.profile}, phases x{args.duration_scale:g}, "
+          f"time scale {args.time_scale:g}")  # fmt: skip
+    names = " ".join(n for n, _, _ in phases)
+    print(f"{'pool':20} {'agg tok/s':>9} {'met':>5} {'/pool':>5} {'batch p99 wait':>7} | "
+          f"interactive median tok/s per phase: {names}", flush=True)  # fmt: skip
+    for pool in POOLS:
+        if args.only and not any(o in pool.name for o in args.only):
+            continue
+        r = asyncio.run(one_pool(pool, args, phases, out))
+        print(row(pool, r, len(phases), args), flush=True)
+
+
+if __name__ == "__main__":
+    main()
