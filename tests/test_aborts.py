@@ -96,36 +96,55 @@ def test_an_aborted_stream_without_migration_ends_with_an_error(tmp_path: Path) 
         assert migrations(proxy) == {}
 
 
-def test_an_aborted_whole_reply_is_sent_again(tmp_path: Path) -> None:
-    with pool(tmp_path) as (proxy, slow, fast):
-        result: list[openai.types.chat.ChatCompletion] = []
+def aborted_whole(proxy: Server, slow: Server) -> list[object]:
+    """A non-streamed chat whose backend aborts it while it generates: the reply, or the
+    error the client got."""
+    result: list[object] = []
 
-        def ask() -> None:
+    def ask() -> None:
+        try:
             result.append(
                 client(proxy).chat.completions.create(
                     model=MODEL,
-                    messages=MESSAGES,
+                    messages=MESSAGES,  # type: ignore[arg-type]
                     max_tokens=TOKENS,
-                    extra_body=WHOLE,  # type: ignore[arg-type]
+                    extra_body=WHOLE,
                 )
             )
+        except openai.APIError as exc:
+            result.append(exc)
 
-        asker = threading.Thread(target=ask)
-        asker.start()
-        for _ in range(1500):  # until the slow backend is generating it
-            running = httpx.get(slow.url + "/metrics").text
-            if "sglang:num_running_reqs" in running and _running(running) > 0:
-                break
-            asker.join(0.02)
-        abort_all(slow)
-        asker.join(30)
-        assert result, "no reply"
-        reply = result[0]
+    asker = threading.Thread(target=ask)
+    asker.start()
+    for _ in range(1500):  # until the slow backend is generating it
+        if _running(httpx.get(slow.url + "/metrics").text) > 0:
+            break
+        asker.join(0.02)
+    abort_all(slow)
+    asker.join(30)
+    assert len(result) == 1, "no reply"
+    return result
+
+
+def test_an_aborted_whole_reply_is_sent_again(tmp_path: Path) -> None:
+    with pool(tmp_path) as (proxy, slow, fast):
+        (reply,) = aborted_whole(proxy, slow)
+        assert isinstance(reply, openai.types.chat.ChatCompletion)
         assert reply.choices[0].finish_reason == "length"
         assert reply.choices[0].message.content == reference(fast)
         assert reply.usage is not None
         assert reply.usage.completion_tokens == TOKENS
         assert migrations(proxy) == {("aborted", "moved"): 1.0}
+
+
+def test_an_aborted_whole_reply_with_no_attempt_left_is_an_error(tmp_path: Path) -> None:
+    once = CONFIG.replace("max_attempts = 3", "max_attempts = 1") + "[migration]\nmax_moves = 0\n"
+    with pool(tmp_path, once) as (proxy, slow, _):
+        (reply,) = aborted_whole(proxy, slow)
+        assert isinstance(reply, openai.APIStatusError)
+        assert reply.status_code == 502
+        assert "abort" in reply.message
+        assert migrations(proxy) == {}
 
 
 def _running(metrics: str) -> float:
