@@ -7,6 +7,7 @@ request is sent again."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,3 +169,27 @@ def _running(metrics: str) -> float:
 )
 def test_only_an_abort_reads_as_one(payload: bytes, expected: bool) -> None:
     assert aborted(payload) is expected
+
+
+def test_an_aborted_native_generate_stream_continues(tmp_path: Path) -> None:
+    request = {"text": "tell me about rivers and mountains", "stream": True,
+               "sampling_params": {"max_new_tokens": TOKENS, "ignore_eos": True}}  # fmt: skip
+    with pool(tmp_path) as (proxy, slow, _):
+        events = []
+        with httpx.stream("POST", proxy.url + "/generate", json=request, timeout=30) as reply:
+            for line in reply.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                events.append(json.loads(line.removeprefix("data: ")))
+                if len(events) == 6:
+                    abort_all(slow)
+        counts = migrations(proxy)
+    assert not [e for e in events if "error" in e]
+    reasons = [(e["meta_info"].get("finish_reason") or {}).get("type") for e in events]
+    assert "abort" not in reasons
+    assert reasons[-1] == "length"
+    last = events[-1]
+    assert len({e["meta_info"]["id"] for e in events}) == 1
+    assert len(last["text"].split()) == len(last["output_ids"]) == TOKENS
+    assert last["meta_info"]["completion_tokens"] == TOKENS
+    assert counts == {("aborted", "moved"): 1.0}
