@@ -10,6 +10,7 @@ import msgspec
 
 from specroute.errors import SpecrouteError, error_event
 from specroute.pool import BadReply, StreamBroken
+from specroute.proxy.aborts import aborted
 from specroute.proxy.fields import Extras
 from specroute.sse import DONE, EventTooLarge, SSESplitter
 
@@ -123,13 +124,16 @@ def _interesting(payload: bytes) -> bool:
 class EventFilter:
     """Feed upstream bytes; get back the bytes to forward (whole events only). `events`
     counts the complete events with data (comments prove nothing of the backend's progress);
-    one growing past `max_event_bytes` unfinished is a BadReply."""
+    one growing past `max_event_bytes` unfinished is a BadReply. An event that says the backend
+    aborted the request is not passed on, nor anything after it: `aborted` is set, and the
+    relay fails the stream."""
 
     __slots__ = (
         "_extras",
         "_last",
         "_splitter",
         "_started",
+        "aborted",
         "chunks",
         "events",
         "gaps",
@@ -149,6 +153,7 @@ class EventFilter:
         self.ttft: float | None = None
         self.meter = ReplyMeter()
         self.saw_done = False
+        self.aborted = False
 
     def feed(self, data: bytes, now: float) -> bytes:
         try:
@@ -167,6 +172,8 @@ class EventFilter:
         return error_event(exc)
 
     def _keep(self, payload: bytes | None, now: float) -> bool:
+        if self.aborted:
+            return False  # the stream failed at its abort: nothing after it goes on
         if payload is None:
             return True  # comments, `event:` lines and other non-data events pass untouched
         self.events += 1
@@ -175,6 +182,9 @@ class EventFilter:
             return True
         if payload[:1] != b"{" or payload[-1:] != b"}":  # torn or garbled: clients cannot parse it
             raise StreamBroken(f"backend sent a malformed event: {payload[:40]!r}")
+        if aborted(payload):
+            self.aborted = True
+            return False
         chunk = _decode(payload) if _interesting(payload) else None
         if chunk is not None:
             self.meter.take(chunk)

@@ -38,7 +38,7 @@ class Tap(EventFilter):
 
     def _keep(self, payload: bytes | None, now: float) -> bool:
         keep = super()._keep(payload, now)
-        if payload is not None and payload != DONE:
+        if payload is not None and payload != DONE and not self.aborted:
             self.migration.take(payload)
         return keep
 

@@ -165,10 +165,10 @@ class ProxyMetrics:
             r,
             "specroute_migrations_total",
             "Requests whose backend failed after taking them (a stream: after the client's "
-            "first byte) or drained, by cause (interrupted, stalled, bad_reply, drain) and "
-            "outcome (moved: continued, or a non-streamed request sent again, on another "
-            "backend; failed: the continuation could not start; refused: the request cannot be "
-            "continued exactly; limit, no_backend, no_budget).",
+            "first byte) or drained, by cause (interrupted, stalled, bad_reply, aborted, "
+            "drain) and outcome (moved: continued, or a non-streamed request sent again, on "
+            "another backend; failed: the continuation could not start; refused: the request "
+            "cannot be continued exactly; limit, no_backend, no_budget).",
             ("cause", "outcome"),
         )
 

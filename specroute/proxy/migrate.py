@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from specroute.pool import BadReply, Holds, Stalled, TimedOut, UpstreamFailure
+from specroute.proxy.aborts import BackendAborted
 
 __all__ = [
     "MIGRATING_ROUTES",
@@ -366,4 +367,6 @@ def failure_cause(exc: UpstreamFailure) -> str:
         return "stalled"
     if isinstance(exc, BadReply):
         return "bad_reply"
+    if isinstance(exc, BackendAborted):
+        return "aborted"
     return "interrupted"

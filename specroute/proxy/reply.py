@@ -25,6 +25,7 @@ from specroute.pool import (
     UpstreamFailure,
     UpstreamResponse,
 )
+from specroute.proxy.aborts import BackendAborted, aborted
 from specroute.proxy.bodies import BODY_MEMORY_FULL
 from specroute.proxy.chunks import EventFilter, ReplyMeter, strip_reply
 from specroute.proxy.fields import Extras
@@ -114,6 +115,8 @@ class Reply:
         or completions 200 must be JSON (else BadReply); a route with its own format is
         measured by `measure`."""
         body = await upstream.read(within_s, max_bytes)
+        if upstream.status == 200 and aborted(body):  # nothing sent yet: it can go again
+            raise BackendAborted("the backend aborted the request (finish_reason abort)")
         if measure is None:
             body = strip_reply(body, extras, self.meter, upstream.status == 200)
         else:
@@ -234,6 +237,8 @@ class Reply:
                 watch.sending = False
                 watch.sent += len(out)
                 said = now
+            if relay.aborted:
+                raise BackendAborted("the backend aborted the request (finish_reason abort)")
             if relay.events != events:
                 heard, wait = now, between
                 continue
