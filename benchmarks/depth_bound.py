@@ -19,9 +19,9 @@ the per-phase best. Adaptive pools are shown beside, outside the bound (launch d
 them by default).
 Cells: aggregate tok/s / mean / p10 per-request tok/s (1 / TPOT).
 
-Where every phase lasts over 16 minutes, the pools that never restart are measured phase by
-phase on a 15-minute sample after a minute's warm-up (`sampled`), tiled over the phase: they
-sit in a steady state there, and this keeps a 24-hour trace affordable on two cores. `auto`
+Where every phase lasts 11 minutes or more, the pools that never restart are measured phase by
+phase on a 10-minute sample after a minute's warm-up (`sampled`), tiled over the phase: they
+sit in a steady state there, and this keeps a 24-hour trace affordable. `auto`
 always runs the whole trace, every transition and restart included.
 """
 
@@ -60,7 +60,7 @@ TRACES = {
     "depth-temperature-swing": ROOT / "scenarios" / "depth-temperature-swing.toml",
 }
 DAY_S = 86400.0
-WARM_S, SAMPLE_S = 60.0, 900.0
+WARM_S, SAMPLE_S = 60.0, 600.0
 """Pools that never restart are measured on this much of each phase (after a warm-up), where
 every phase is longer; `auto` always runs the whole trace."""
 CACHE = ROOT / "results" / "depth-sim"
@@ -145,6 +145,15 @@ def evaluated(profile: str) -> list[str]:
     where a tuned prior gives the launched pool)."""
     names = list(pools(profile))
     return [p for p in names if not (p == "mix-1-2-3" and "launched" in names)]
+
+
+def _cost(job: Job) -> float:
+    """Simulated seconds a job runs (the whole trace for `auto`, else the samples)."""
+    _, trace, pool, scale, _, _ = job
+    phases = [p.duration * scale for p in load_scenario(TRACES[trace]).phases]
+    if pool != "auto" and all(d >= WARM_S + SAMPLE_S for d in phases):
+        return len(phases) * (WARM_S + SAMPLE_S)
+    return sum(phases)
 
 
 def _numbered(job: tuple[int, Job]) -> tuple[int, tuple[str, str, SimResult]]:
@@ -354,8 +363,9 @@ def main() -> None:
             for t in args.trace or TRACES for pool in args.pool or evaluated(p)]  # fmt: skip
     done: dict[int, tuple[str, str, SimResult]] = {}
     started = time.monotonic()
+    longest_first = sorted(enumerate(jobs), key=lambda job: -_cost(job[1]))
     with multiprocessing.Pool(args.jobs) as workers:  # progress on stderr, the report on stdout
-        for i, out in workers.imap_unordered(_numbered, enumerate(jobs), chunksize=1):
+        for i, out in workers.imap_unordered(_numbered, longest_first, chunksize=1):
             done[i] = out
             print(f"[{len(done)}/{len(jobs)}] {out[0]} {out[1]} {out[2].pool} "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip

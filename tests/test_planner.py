@@ -65,8 +65,10 @@ def planner_after(
     return planner, now - 2.0
 
 
-QUIET = (600.0, {GREEDY: 2.0})
-CROWDED = (600.0, {SAMPLED: 60.0})
+QUIET = (1200.0, {GREEDY: 2.0})
+CROWDED = (1200.0, {SAMPLED: 60.0})
+"""Regimes that have lasted past a restart and the dwell: the first regime is expected to last
+as long again as it has lasted."""
 
 
 def test_a_quiet_greedy_regime_pays_for_deep_drafts_on_an_idle_server() -> None:
@@ -101,7 +103,7 @@ def test_a_flapping_load_restarts_nothing() -> None:
     # best single assignment across them, which each regime alone would change.
     busy, quiet = {SAMPLED: 30.0}, {GREEDY: 2.0}
     across = _best_for([busy, quiet], 3)
-    options = {"settle_s": 60.0, "max_steps": 3}
+    options = {"settle_s": 60.0, "max_steps": 3, "peak_concurrency": 30.0}  # sized for busy
     servers = [ServerState(name=f"b{i}", setting=k, startup_s=60.0)
                for i, k in enumerate(across)]  # fmt: skip
     flapping = [(150.0, busy), (150.0, quiet)] * 6
@@ -110,10 +112,11 @@ def test_a_flapping_load_restarts_nothing() -> None:
                                      **options)  # fmt: skip
         plan = planner.plan(now, servers, estimates())
         assert not plan.start, plan.reason
-    # Valued at the regime of the moment alone, the same pool would restart.
+    # Valued at the regime of the moment alone (one that has lasted past the dwell), its
+    # restarts charged at the load of the moment, the same pool would restart.
     moves = []
     for load in (busy, quiet):
-        alone, now = planner_after([(130.0, load)], **options)
+        alone, now = planner_after([(1200.0, load)], **{**options, "peak_concurrency": 2.0})
         moves.append(alone.plan(now, servers, estimates()).start)
     assert any(moves)
 
@@ -184,7 +187,8 @@ def test_a_gain_inside_the_hysteresis_band_is_not_acted_on() -> None:
     planner, now = planner_after([QUIET])
     plan = planner.plan(now, small, costly)
     assert plan.verdict == "hold: nothing gains enough"
-    eager, now = planner_after([QUIET], min_gain=0.0)
+    # (sized for the quiet load: a restart costs what it costs now, not at a peak)
+    eager, now = planner_after([QUIET], min_gain=0.0, peak_concurrency=2.0)
     plan = eager.plan(now, small, costly)
     assert plan.verdict == "reconfigure"
     assert plan.proposed is not None
