@@ -345,3 +345,38 @@ def test_an_adaptive_server_sizes_memory_for_its_deepest_candidate_and_follows_i
     assert crowded.servers[0].steps == 3  # 0.875 drafts of 3 accepted: above 1 - 0.5
     hot = msgspec.structs.replace(est, classes={"m:hot": ClassEstimate(alpha=0.2)})
     assert forecast([adaptive], {"m:hot": 40}, hot).servers[0].steps == 0
+
+
+def test_a_first_regime_is_expected_to_last_as_long_again_as_it_has() -> None:
+    # Nothing yet says how long regimes last: as long again (at most the prior); once some
+    # have ended, a few short ones outweigh the prior.
+    tracker = RegimeTracker(prior_s=1800.0)
+    for t in range(0, 300, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    assert 290.0 <= tracker.view(298.0).expected_remaining_s <= 300.0
+    for t in range(300, 4000, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    assert tracker.view(3998.0).expected_remaining_s == 1800.0
+    planner, now = planner_after([(150.0, {GREEDY: 2.0}), (150.0, {SAMPLED: 30.0})] * 4)
+    assert planner.regimes.view(now).expected_remaining_s < 600.0
+
+
+def test_a_change_in_a_lull_is_charged_its_restart_at_the_peak() -> None:
+    # Five minutes of a quiet greedy regime in a pool sized for 60 users: deeper drafts gain
+    # a few hundred tokens a second, but the server they take away costs what it yields at
+    # the peak; charged at the quiet load, the same change would go ahead.
+    quiet = [(300.0, {GREEDY: 2.0})]
+    sized, now = planner_after(quiet, peak_concurrency=60.0)
+    plan = sized.plan(now, pool(1, 1, 1), estimates())
+    assert plan.start == ()
+    assert plan.verdict == "hold: does not pay"
+    assert plan.restart_cost_tokens > 0
+    lull, now = planner_after(quiet, peak_concurrency=2.0)
+    assert lull.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
+
+
+def test_forecasts_that_missed_widen_the_bar() -> None:
+    planner, _ = planner_after([QUIET])
+    for error in (0.12, -0.08, 0.10):
+        planner.account(0.05, forecast_error=error)
+    assert planner.bar == pytest.approx(planner.options.min_gain + 0.10)
