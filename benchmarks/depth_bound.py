@@ -375,6 +375,9 @@ def main() -> None:
         grouped.setdefault((profile, trace), {})[result.pool] = result
     verdicts = []
     for (profile, trace), results in grouped.items():
+        if "auto" not in results or not bounded(pools(profile), results):
+            print(f"## {profile} / {trace}: runs kept; no report without auto and a fixed pool\n")
+            continue
         lines, v = report(profile, trace, results)
         print("\n".join(lines))
         verdicts.append(v)
