@@ -32,9 +32,11 @@ class Verdict:
 
     @property
     def capture(self) -> float | None:
-        """auto's share of the envelope's headroom over the best alternative (None: none)."""
+        """auto's share of the envelope's headroom over the best alternative (None: under
+        `NEVER_BEHIND`, too little to be a share of)."""
         room = self.envelope - self.best_alternative
-        return (self.auto - self.best_alternative) / room if room > 1e-9 else None
+        meaningful = room > NEVER_BEHIND * self.best_alternative
+        return (self.auto - self.best_alternative) / room if meaningful else None
 
     @property
     def forecast_error(self) -> float | None:
