@@ -1,6 +1,7 @@
 """What the depth evaluation compares and what the planner is told before the trace starts:
-the pools (fixed depths, SGLang-adaptive, the 1/2/3 mix with and without the planner) and the
-tune session that measures each depth's capacity and iteration time (`specroute tune`'s prior).
+the pools (fixed depths, SGLang-adaptive, the 1/2/3 mix with and without the planner, and the
+pool `specroute launch --prior` starts from a `specroute tune --emulate` prior, with and without
+the planner) and what the proxy knows of each depth before the trace (the prior).
 """
 
 from __future__ import annotations
@@ -16,13 +17,19 @@ from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig
 from specroute.emulator.adaptive_config import load_adaptive_config
 from specroute.emulator.engine import Engine
 from specroute.emulator.profiles import Profile
+from specroute.launch.defaults import LaunchDepths, launch_depths
 from specroute.planner import Setting
-from specroute.pool.prior import PROFILE_SCHEMA, priors_from_profile
+from specroute.pool.prior import PROFILE_SCHEMA, Prior, prior_from_profile, priors_from_profile
 from specroute.pool.telemetry import IterationPrior
+from specroute.profile_format import decode_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPPED_CONFIG = ROOT / "examples" / "adaptive-capped-3.json"
 MAX_STEPS = 7
+TUNED = ROOT / "benchmarks" / "results" / "depth-bound" / "tune"
+"""`prior.json` of `specroute tune --emulate --profile P --steps 0,1,2,3,4,5,6,7`, as `P.json`
+(`benchmarks/results/depth-bound/tune/README.md` has the commands)."""
+SERVERS = 3
 
 
 def adaptive_configs() -> dict[str, AdaptiveConfig]:
@@ -41,14 +48,47 @@ class PoolSpec:
     settings: tuple[Setting, ...]
     policy: str
     planner: bool = False
+    allowed: tuple[int, ...] | None = None
+    """The depths the loop may assign (None: the loop's options say)."""
+    prior: Path | None = None
+    """The profile the proxy starts from (None: `tune`'s iteration fits only)."""
 
 
-def pools() -> dict[str, PoolSpec]:
+def prior_path(profile: str) -> Path:
+    return TUNED / f"{profile}.json"
+
+
+def launched(profile: str) -> LaunchDepths | None:
+    """What `specroute launch --prior P.json --servers 3` starts and lets the planner use,
+    by launch's own rule; None when no prior was tuned for `profile`."""
+    path = prior_path(profile)
+    if not path.exists():
+        return None
+    prior = decode_profile(path.read_bytes(), source=path.name)
+    return launch_depths(steps=None, allowed=None, prior=prior, prior_name=path.name,
+                         servers=SERVERS)  # fmt: skip
+
+
+def load_prior(path: Path) -> Prior:
+    return prior_from_profile(path.read_bytes(), source=path.name)
+
+
+def pools(profile: str | None = None) -> dict[str, PoolSpec]:
     """Every configuration the evaluation compares; fixed and adaptive pools behind
-    least_loaded, as an operator would run them without specroute."""
+    least_loaded, as an operator would run them without specroute. With a tuned `profile`,
+    `auto` is what `specroute launch --prior --reconfigure auto` runs (the prior's pool and
+    depths, launch's default policy) and `launched` the same never reconfigured; else `auto`
+    is the 1/2/3 mix at depths 0-3."""
     mix = (Setting(steps=1), Setting(steps=2), Setting(steps=3))
     throughput = "throughput:objective=throughput"
     out = {"auto": PoolSpec(mix, throughput, planner=True), "mix-1-2-3": PoolSpec(mix, throughput)}
+    depths = launched(profile) if profile is not None else None
+    if depths is not None:
+        chosen = tuple(Setting(steps=k) for k in depths.steps)
+        path = prior_path(profile)  # type: ignore[arg-type]
+        out["auto"] = PoolSpec(chosen, "throughput", planner=True, allowed=depths.allowed,
+                               prior=path)  # fmt: skip
+        out["launched"] = PoolSpec(chosen, "throughput", prior=path)
     for k in range(MAX_STEPS + 1):
         out[f"k{k}"] = PoolSpec((Setting(steps=k),) * 3, "least_loaded")
     for label, config in adaptive_configs().items():

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
-from depth_pools import ROOT, PoolSpec, adaptive_configs, pools, setting_of, tune
+from depth_pools import ROOT, PoolSpec, adaptive_configs, load_prior, pools, setting_of, tune
 from policy_sim import Draw, Node, PoolSim, Req
 from sim_proxy import SimProxy, pool_snapshot
 from sim_results import BIN_S, Restart, SimResult
@@ -86,7 +86,13 @@ class DepthSim(PoolSim):
         self.drain_limit_s = drain_limit_s
         priors, self.capacity = tune(self.profile)
         self.telemetry.seed(priors.items())
+        if spec.prior is not None:  # `launch --prior`: the proxy starts from the tuned profile
+            prior = msgspec.structs.replace(load_prior(spec.prior), models=(self.model,))
+            self.telemetry = prior.telemetry()
+            self.capacity = {**self.capacity, **prior.capacity}
         options = reconfigure or ReconfigureOptions(mode="auto")
+        if spec.allowed is not None and reconfigure is None:
+            options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
         if planner:  # `--planner-option K=V`, as `specroute launch` takes them
             options = msgspec.structs.replace(options, planner={**options.planner, **planner})
         self.options = options if spec.planner else None
@@ -370,7 +376,7 @@ def simulate(
     profile: str, pool: str, scenario: Scenario, *, seed: int = 0, scale: float = 1.0,
     manual: Sequence[Manual] = (), **kwargs: object,
 ) -> SimResult:  # fmt: skip
-    sim = DepthSim(profile, pools()[pool], seed=seed, **kwargs)  # type: ignore[arg-type]
+    sim = DepthSim(profile, pools(profile)[pool], seed=seed, **kwargs)  # type: ignore[arg-type]
     return sim.run(scenario, pool, scale, manual)
 
 
@@ -384,25 +390,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="seed-qwen35-122b")
     parser.add_argument("--trace", default=str(ROOT / "scenarios" / "depth-swing.toml"))
-    parser.add_argument("--pool", action="append", default=[], choices=sorted(pools()))
+    parser.add_argument("--pool", action="append", default=[],
+                        choices=sorted({*pools(), "launched"}))  # fmt: skip
     parser.add_argument("--scale", type=float, default=1.0, help="multiply phase durations")
     parser.add_argument("--startup", type=float, default=None, help="seconds (default: profile)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--restart", action="append", type=parse_restart, default=[],
                         metavar="T:SERVER:kK", help="a manual restart, e.g. 600:1:k7")  # fmt: skip
-    add_planner_arguments(parser)  # --allowed-steps, --min-dwell, --planner-option: launch's
+    # --allowed-steps, --min-dwell, --planner-option: launch's (depths: the pool's prior's)
+    add_planner_arguments(parser, None, "; default: the tuned prior's, else 0,1,2,3")
     parser.add_argument(
         "--allow-adaptive", action="store_true", help="the loop may choose SGLang-adaptive servers"
     )
     args = parser.parse_args()
     configure_logging("warning")  # the loop's plan lines would drown the table
-    options = ReconfigureOptions(
-        mode="auto", allowed_steps=allowed_steps(args.allowed_steps),
-        allow_adaptive=args.allow_adaptive, min_dwell_s=args.min_dwell,
-        planner=planner_fields(args.planner_option),
-    )  # fmt: skip
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
+        allowed = pools(args.profile)[pool].allowed or ReconfigureOptions().allowed_steps
+        options = ReconfigureOptions(
+            mode="auto", allow_adaptive=args.allow_adaptive, min_dwell_s=args.min_dwell,
+            allowed_steps=allowed_steps(args.allowed_steps) if args.allowed_steps else allowed,
+            planner=planner_fields(args.planner_option),
+        )  # fmt: skip
         r = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
                      manual=args.restart, startup_s=args.startup, reconfigure=options)  # fmt: skip
         agg, avg, p10 = r.window(0.0, r.phases[-1][2])

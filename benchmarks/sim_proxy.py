@@ -11,6 +11,7 @@ from specroute.wire import (
     ClassSnapshot,
     HoldAnswer,
     HoldState,
+    IterationFit,
     PlanDocument,
     PoolEstimates,
     PoolSnapshot,
@@ -75,7 +76,9 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
                             samples=c.samples, mean_tokens=c.mean_tokens)
         for name, c in sim.telemetry.classes().items()
     }  # fmt: skip
-    estimates = PoolEstimates(classes=classes, local_classes=classes,
+    depths = {k: IterationFit(intercept_s=a, per_token_s=s)
+              for k, (a, s) in sorted(sim.telemetry.priors.items())}  # fmt: skip
+    estimates = PoolEstimates(classes=classes, local_classes=classes, depths=depths,
                               prior_alpha=sim.telemetry.acceptance.prior_alpha)  # fmt: skip
     return PoolSnapshot(policy=sim.policy.name, waiting=len(sim.waiting), backends=backends,
                         estimates=estimates)  # fmt: skip

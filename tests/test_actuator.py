@@ -32,7 +32,7 @@ from specroute.reconfigure.advisor import Advisor
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
 from specroute.reconfigure.options import reconfigure_options
 from specroute.reconfigure.readings import Traffic, estimates
-from specroute.wire import BackendSnapshot, PoolEstimates, PoolSnapshot
+from specroute.wire import BackendSnapshot, IterationFit, PoolEstimates, PoolSnapshot
 
 K1, K3 = Setting(steps=1), Setting(steps=3)
 
@@ -414,3 +414,14 @@ def test_the_kubernetes_planner_follows_the_pools_healthy_backends() -> None:
     assert {n: s.setting for n, s in advisor.actuator.slots.items()} == {"a": K1, "b": K3}
     assert advisor.actuator.slots["a"].startup_s == 600
     assert advisor.actuator.admit(plan_moving("a", K1, K3)) == []  # advise: it moves nothing
+
+
+def test_a_depth_no_backend_runs_takes_the_priors_own_fit() -> None:
+    # Drafts cost time of their own: the prior measured k5 slower than k3's fit scaled says.
+    answer = pool_answer({"g": 1})
+    answer.estimates.depths = {5: IterationFit(intercept_s=0.05, per_token_s=0.0007),
+                               3: IterationFit(intercept_s=0.9, per_token_s=0.9)}  # fmt: skip
+    est = estimates(answer, (1, 3, 5), lambda k: 48)
+    assert est is not None
+    assert (est.depths[5].intercept_s, est.depths[5].per_token_s) == (0.05, 0.0007)
+    assert est.depths[3].intercept_s == 0.03  # a depth that runs keeps its live fit

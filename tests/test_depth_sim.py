@@ -17,7 +17,9 @@ import msgspec
 import pytest
 
 from specroute.bench.trace import Scenario, load_scenario
+from specroute.cli import main
 from specroute.planner import Setting
+from specroute.profile_format import decode_profile
 from specroute.reconfigure import Actuator, ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.wire import PlanDocument
 
@@ -155,3 +157,29 @@ def test_the_simulator_and_the_launched_loop_decide_alike_on_the_same_pool(
     assert result.restarts == []  # advise
     replayed = asyncio.run(_replay(sim, advise))
     assert replayed == result.decisions
+
+
+@pytest.mark.parametrize("profile", ["seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape"])
+def test_the_evaluated_pool_is_what_launch_starts_from_the_tuned_prior(
+    depth_sim: ModuleType, profile: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `auto` in the evaluation: the servers, the planner's depths and the policy that
+    # `specroute launch --prior P.json --reconfigure auto` prints for the committed tune prior.
+    spec = depth_sim.pools(profile)["auto"]
+    prior = spec.prior
+    assert main(["launch", "--emulate", "--dry-run", "--reconfigure", "auto",
+                 "--prior", str(prior)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    steps = ",".join(str(s.steps) for s in spec.settings)
+    allowed = ",".join(map(str, spec.allowed))
+    assert f"# --steps {steps}: the pool {prior} recommends" in out
+    assert f"# --allowed-steps {allowed}: the depths {prior} measured" in out
+    assert allowed == "0,1,2,3,4,5,6,7"  # what `specroute tune --steps 0,...,7` measured
+    assert f"--policy {spec.policy} --prior {prior}" in out
+    # The simulated proxy starts from the same file: the planner's depths and /pool's fits.
+    sim = depth_sim.DepthSim(profile, spec)
+    assert sim.options.allowed_steps == spec.allowed
+    fits = {d.steps: (d.intercept_s, d.per_token_s)
+            for d in decode_profile(prior.read_bytes()).depths}  # fmt: skip
+    shown = sim.snapshot().estimates.depths
+    assert {k: (f.intercept_s, f.per_token_s) for k, f in shown.items()} == fits

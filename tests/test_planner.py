@@ -65,8 +65,10 @@ def planner_after(
     return planner, now - 2.0
 
 
-QUIET = (600.0, {GREEDY: 2.0})
-CROWDED = (600.0, {SAMPLED: 60.0})
+QUIET = (1200.0, {GREEDY: 2.0})
+CROWDED = (1200.0, {SAMPLED: 60.0})
+"""Regimes that have lasted past a restart and the dwell: the first regime is expected to last
+as long again as it has lasted."""
 
 
 def test_a_quiet_greedy_regime_pays_for_deep_drafts_on_an_idle_server() -> None:
@@ -101,7 +103,7 @@ def test_a_flapping_load_restarts_nothing() -> None:
     # best single assignment across them, which each regime alone would change.
     busy, quiet = {SAMPLED: 30.0}, {GREEDY: 2.0}
     across = _best_for([busy, quiet], 3)
-    options = {"settle_s": 60.0, "max_steps": 3}
+    options = {"settle_s": 60.0, "max_steps": 3, "peak_concurrency": 30.0}  # sized for busy
     servers = [ServerState(name=f"b{i}", setting=k, startup_s=60.0)
                for i, k in enumerate(across)]  # fmt: skip
     flapping = [(150.0, busy), (150.0, quiet)] * 6
@@ -110,10 +112,11 @@ def test_a_flapping_load_restarts_nothing() -> None:
                                      **options)  # fmt: skip
         plan = planner.plan(now, servers, estimates())
         assert not plan.start, plan.reason
-    # Valued at the regime of the moment alone, the same pool would restart.
+    # Valued at the regime of the moment alone (one that has lasted past the dwell), its
+    # restarts charged at the load of the moment, the same pool would restart.
     moves = []
     for load in (busy, quiet):
-        alone, now = planner_after([(130.0, load)], **options)
+        alone, now = planner_after([(1200.0, load)], **{**options, "peak_concurrency": 2.0})
         moves.append(alone.plan(now, servers, estimates()).start)
     assert any(moves)
 
@@ -184,7 +187,8 @@ def test_a_gain_inside_the_hysteresis_band_is_not_acted_on() -> None:
     planner, now = planner_after([QUIET])
     plan = planner.plan(now, small, costly)
     assert plan.verdict == "hold: nothing gains enough"
-    eager, now = planner_after([QUIET], min_gain=0.0)
+    # (sized for the quiet load: a restart costs what it costs now, not at a peak)
+    eager, now = planner_after([QUIET], min_gain=0.0, peak_concurrency=2.0)
     plan = eager.plan(now, small, costly)
     assert plan.verdict == "reconfigure"
     assert plan.proposed is not None
@@ -341,3 +345,38 @@ def test_an_adaptive_server_sizes_memory_for_its_deepest_candidate_and_follows_i
     assert crowded.servers[0].steps == 3  # 0.875 drafts of 3 accepted: above 1 - 0.5
     hot = msgspec.structs.replace(est, classes={"m:hot": ClassEstimate(alpha=0.2)})
     assert forecast([adaptive], {"m:hot": 40}, hot).servers[0].steps == 0
+
+
+def test_a_first_regime_is_expected_to_last_as_long_again_as_it_has() -> None:
+    # Nothing yet says how long regimes last: as long again (at most the prior); once some
+    # have ended, a few short ones outweigh the prior.
+    tracker = RegimeTracker(prior_s=1800.0)
+    for t in range(0, 300, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    assert 290.0 <= tracker.view(298.0).expected_remaining_s <= 300.0
+    for t in range(300, 4000, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    assert tracker.view(3998.0).expected_remaining_s == 1800.0
+    planner, now = planner_after([(150.0, {GREEDY: 2.0}), (150.0, {SAMPLED: 30.0})] * 4)
+    assert planner.regimes.view(now).expected_remaining_s < 600.0
+
+
+def test_a_change_in_a_lull_is_charged_its_restart_at_the_peak() -> None:
+    # Five minutes of a quiet greedy regime in a pool sized for 60 users: deeper drafts gain
+    # a few hundred tokens a second, but the server they take away costs what it yields at
+    # the peak; charged at the quiet load, the same change would go ahead.
+    quiet = [(300.0, {GREEDY: 2.0})]
+    sized, now = planner_after(quiet, peak_concurrency=60.0)
+    plan = sized.plan(now, pool(1, 1, 1), estimates())
+    assert plan.start == ()
+    assert plan.verdict == "hold: does not pay"
+    assert plan.restart_cost_tokens > 0
+    lull, now = planner_after(quiet, peak_concurrency=2.0)
+    assert lull.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
+
+
+def test_forecasts_that_missed_widen_the_bar() -> None:
+    planner, _ = planner_after([QUIET])
+    for error in (0.12, -0.08, 0.10):
+        planner.account(0.05, forecast_error=error)
+    assert planner.bar == pytest.approx(planner.options.min_gain + 0.10)

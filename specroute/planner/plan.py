@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -17,6 +19,9 @@ from specroute.planner.lanes import LaneDemand, lane_reason, served_first
 from specroute.planner.regime import Regime, RegimeTracker
 
 __all__ = ["Planner"]
+
+_ERRORS_KEPT = 5
+"""Settled forecasts whose median error widens the bar."""
 
 
 class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +55,8 @@ class Planner:
         """The slots of the pool at its first plan: the peak it was sized for."""
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
+        self.errors: deque[float] = deque(maxlen=_ERRORS_KEPT)
+        """|forecast - realized| / realized of the latest changes that settled (`account`)."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
@@ -116,14 +123,18 @@ class Planner:
     @property
     def bar(self) -> float:
         """The gain a change must promise, as a fraction of the objective: `min_gain`, raised
-        by `regret` while changes have not paid."""
-        return self.options.min_gain + self.regret
+        by `regret` while changes have not paid and by the median error of the latest
+        forecasts (a gain inside the band they missed by is not one)."""
+        band = statistics.median(self.errors) if self.errors else 0.0
+        return self.options.min_gain + self.regret + band
 
-    def account(self, realized_gain: float) -> None:
+    def account(self, realized_gain: float, forecast_error: float | None = None) -> None:
         """A change's realized gain (its rate after over its rate before, less one, in the
-        same regime). One that fell short of `min_gain` raises the bar by `min_gain` (up to
-        `regret_cap`); one that paid lowers it by as much."""
+        same regime) and its forecast's error. One that fell short of `min_gain` raises the
+        bar by `min_gain` (up to `regret_cap`); one that paid lowers it by as much."""
         o = self.options
+        if forecast_error is not None:
+            self.errors.append(abs(forecast_error))
         step = max(o.min_gain, 0.01)
         if realized_gain < o.min_gain:
             self.regret = min(o.regret_cap, self.regret + step)
@@ -192,7 +203,15 @@ class Planner:
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
-        lost = [self._loss(servers, i, users, phys, now_fc) for i in range(len(servers))]
+        # A change made in a lull is undone under load: restarts are charged at the higher of
+        # the load now and the peak the pool was sized for or has seen.
+        at_peak = user_counts(peak, regime.shares) if peak > regime.concurrency else users
+        peak_fc = self._forecast(current, at_peak, phys)
+        lost = [
+            max(self._loss(servers, i, users, phys, now_fc),
+                self._loss(servers, i, at_peak, phys, peak_fc))
+            for i in range(len(servers))
+        ]  # fmt: skip
         best: _Candidate | None = None
         gaining: _Candidate | None = None
         for combo in itertools.combinations_with_replacement(choices, len(servers)):

@@ -118,12 +118,16 @@ class RegimeTracker:
         return shift > self.mix_shift
 
     def expected_remaining(self, now: float) -> float:
-        """Mean residual life of the current regime at its age, learned with a prior."""
+        """Mean residual life of the current regime at its age, learned with a prior. Before
+        any regime has ended, as long again as it has lasted (at least a window, at most the
+        prior): nothing yet says how long regimes last. The prior counts for less as regimes
+        are seen (`prior_weight / (1 + seen)`): a few short regimes outweigh it."""
         age = now - (self._start if self._start is not None else now)
+        if not self.durations:
+            return min(self.prior_s, max(age, self.window_s))
         residuals = [d - age for d in self.durations if d > age]
-        return (self.prior_weight * self.prior_s + sum(residuals)) / (
-            self.prior_weight + len(residuals)
-        )
+        weight = self.prior_weight / (1 + len(self.durations))
+        return (weight * self.prior_s + sum(residuals)) / (weight + len(residuals))
 
     def mixture(self, now: float, horizon_s: float) -> list[tuple[float, Past]]:
         """The load over the next `horizon_s`, as weights on regimes: the current one for as

@@ -104,6 +104,10 @@ def _estimates(state: ProxyState) -> PoolEstimates:
         prior_alpha=telemetry.acceptance.prior_alpha,
         acceptance_sources=dict(telemetry.sources),
         iteration=iteration,
+        depths={
+            k: IterationFit(intercept_s=a, per_token_s=s)
+            for k, (a, s) in sorted(telemetry.priors.items())
+        },
     )
 
 

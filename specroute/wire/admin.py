@@ -106,13 +106,15 @@ class IterationFit(_Wire):
 
 class PoolEstimates(msgspec.Struct, kw_only=True):
     """What the pool has learned: classes as policies see them (blended over replicas), this
-    replica's own, the prior rate, where acceptance came from, iteration fits per backend@depth."""
+    replica's own, the prior rate, where acceptance came from, iteration fits per backend@depth,
+    and the prior's fit per depth (`--prior`: what tune measured, for depths no backend runs)."""
 
     classes: dict[str, ClassSnapshot]
     local_classes: dict[str, ClassSnapshot]
     prior_alpha: float
     acceptance_sources: dict[str, Any] = {}
     iteration: dict[str, IterationFit] = {}
+    depths: dict[int, IterationFit] = {}
 
 
 class LaneSnapshot(msgspec.Struct, kw_only=True):
