@@ -41,6 +41,7 @@ from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
 from specroute.logs import configure_logging
+from specroute.reconfigure.loop import ReconfigureOptions
 
 PROFILES = ("seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape")
 TRACES = {
@@ -69,7 +70,8 @@ SOURCES = (
 )  # fmt: skip
 """What a simulated run depends on; `auto` also depends on the depth loop and its contract."""
 Cell = tuple[float, float, float]
-Job = tuple[str, str, str, float, int, bool]
+Job = tuple[str, str, str, float, int, bool, float | None, float | None]
+"""... with a restart's start-up and drain (`--startup`, `--drain`; None: profile, launch)."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,11 @@ class Envelope:
     switches: int
 
 
-def _cache_path(profile: str, trace: str, pool: str, scale: float, seed: int) -> Path:
+def _cache_path(
+    profile: str, trace: str, pool: str, scale: float, seed: int, costs: str = ""
+) -> Path:
     """Runs are kept under results/ by a digest of everything they depend on."""
-    digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}".encode())
+    digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}{costs}".encode())
     digest.update(TRACES[trace].read_bytes())
     loop = ["specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py"]
     patterns = [*SOURCES, *(loop if pools()[pool].planner else [])]
@@ -115,8 +119,11 @@ def sampled(profile: str, pool: str, scenario: Scenario, seed: int, scale: float
 
 
 def _run(job: Job) -> tuple[str, str, SimResult]:
-    profile, trace, pool, scale, seed, fresh = job
-    path = _cache_path(profile, trace, pool, scale, seed)
+    profile, trace, pool, scale, seed, fresh, startup, drain = job
+    costs = {} if not pools()[pool].planner else {"startup_s": startup, "reconfigure": (
+        ReconfigureOptions(mode="auto") if drain is None else
+        ReconfigureOptions(mode="auto", drain_s=drain))}  # fmt: skip
+    path = _cache_path(profile, trace, pool, scale, seed, f" {startup} {drain}" if costs else "")
     if path.exists() and not fresh:
         return profile, trace, msgspec.json.decode(path.read_bytes(), type=SimResult)
     scenario = load_scenario(TRACES[trace])
@@ -124,7 +131,7 @@ def _run(job: Job) -> tuple[str, str, SimResult]:
     if steady and not pools()[pool].planner:
         result = sampled(profile, pool, scenario, seed, scale)
     else:
-        result = simulate(profile, pool, scenario, seed=seed, scale=scale)
+        result = simulate(profile, pool, scenario, seed=seed, scale=scale, **costs)
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(result))
     return profile, trace, result
@@ -212,8 +219,10 @@ def _columns(phases: list[tuple[str, float, float]]) -> list[tuple[str, float, f
     return out
 
 
-def report(profile: str, trace: str, results: dict[str, SimResult]) -> list[str]:
-    startup = get_profile(profile).startup_s
+def report(
+    profile: str, trace: str, results: dict[str, SimResult], startup_s: float | None = None
+) -> list[str]:
+    startup = get_profile(profile).startup_s if startup_s is None else startup_s
     env = envelope(results, startup)
     phases = results["auto"].phases
     total = phases[-1][2]
@@ -323,10 +332,25 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
+    parser.add_argument(
+        "--startup",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a restart's start-up, auto's and the envelope's (default: profile)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=None,
+        metavar="S",
+        help="auto's drain before a restart (default: launch's --drain, 30 s)",
+    )
     args = parser.parse_args()
     configure_logging("warning")  # the loop's plan lines would drown the table
     chosen = args.pool or list(pools())
-    jobs = [(p, t, pool, args.scale, args.seed, args.fresh) for p in args.profile or PROFILES
+    jobs = [(p, t, pool, args.scale, args.seed, args.fresh, args.startup, args.drain)
+            for p in args.profile or PROFILES
             for t in args.trace or TRACES for pool in chosen]  # fmt: skip
     done: dict[int, tuple[str, str, SimResult]] = {}
     started = time.monotonic()
@@ -340,7 +364,7 @@ def main() -> None:
         profile, trace, result = done[i]
         grouped.setdefault((profile, trace), {})[result.pool] = result
     for (profile, trace), results in grouped.items():
-        print("\n".join(report(profile, trace, results)))
+        print("\n".join(report(profile, trace, results, args.startup)))
 
 
 if __name__ == "__main__":
