@@ -165,3 +165,21 @@ def test_a_daemon_that_dies_is_restarted(tmp_path: Path) -> None:
     first, second, restarts = asyncio.run(scenario())
     assert second != first
     assert restarts == 1
+
+
+def test_the_kubernetes_cached_depth_0_runs_the_launchers_plan() -> None:
+    import shlex
+
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "components"
+    doc = yaml.safe_load((path / "steps-0-cached" / "deployment.yaml").read_text())
+    (container,) = doc["spec"]["template"]["spec"]["containers"]
+    script = container["args"][0]
+    options = LaunchOptions(model="/models/model", steps=(0,), host="0.0.0.0", gpus=(0,),
+                            weight_cache="/weight-cache")  # fmt: skip
+    plan = build_plan(options)
+    assert shlex.join(plan.servers[0].argv[1:]).replace("-m ", "python3 -m ", 1) in script
+    assert shlex.join(plan.caches[0].process.argv[1:]).replace("-m ", "python3 -m ", 1) in script
+    template = plan.servers[0].env["SGLANG_WEIGHT_CACHE_SOCKET_TEMPLATE"].replace("/gpus0", "")
+    assert template in script
