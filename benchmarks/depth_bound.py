@@ -47,6 +47,7 @@ from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
 from specroute.logs import configure_logging
+from specroute.reconfigure.loop import ReconfigureOptions
 
 PROFILES = ("seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape")
 TRACES = {
@@ -75,7 +76,8 @@ SOURCES = (
 )  # fmt: skip
 """What a simulated run depends on; `auto` also depends on the depth loop and its contract."""
 Cell = tuple[float, float, float]
-Job = tuple[str, str, str, float, int, bool]
+Job = tuple[str, str, str, float, int, bool, float | None, float | None]
+"""... with a restart's start-up and drain (`--startup`, `--drain`; None: profile, launch)."""
 
 
 @dataclass(frozen=True)
@@ -86,9 +88,11 @@ class Envelope:
     switches: int
 
 
-def _cache_path(profile: str, trace: str, pool: str, scale: float, seed: int) -> Path:
+def _cache_path(
+    profile: str, trace: str, pool: str, scale: float, seed: int, costs: str = ""
+) -> Path:
     """Runs are kept under results/ by a digest of everything they depend on."""
-    digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}".encode())
+    digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}{costs}".encode())
     digest.update(TRACES[trace].read_bytes())
     loop = ["specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py"]
     spec = pools(profile)[pool]
@@ -125,16 +129,26 @@ def sampled(profile: str, pool: str, scenario: Scenario, seed: int, scale: float
 
 
 def _run(job: Job) -> tuple[str, str, SimResult]:
-    profile, trace, pool, scale, seed, fresh = job
-    path = _cache_path(profile, trace, pool, scale, seed)
+    profile, trace, pool, scale, seed, fresh, startup, drain = job
+    spec = pools(profile)[pool]
+    costs: dict[str, object] = {}
+    if spec.planner:  # `--startup`, `--drain`: what a restart costs auto (None: as launched)
+        costs["startup_s"] = startup
+        if drain is not None:
+            options = ReconfigureOptions(mode="auto", drain_s=drain)
+            if spec.allowed is not None:
+                options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
+            costs["reconfigure"] = options
+    tag = f" {startup} {drain}" if spec.planner and (startup, drain) != (None, None) else ""
+    path = _cache_path(profile, trace, pool, scale, seed, tag)
     if path.exists() and not fresh:
         return profile, trace, msgspec.json.decode(path.read_bytes(), type=SimResult)
     scenario = load_scenario(TRACES[trace])
     steady = all(p.duration * scale >= WARM_S + SAMPLE_S for p in scenario.phases)
-    if steady and not pools(profile)[pool].planner:
+    if steady and not spec.planner:
         result = sampled(profile, pool, scenario, seed, scale)
     else:
-        result = simulate(profile, pool, scenario, seed=seed, scale=scale)
+        result = simulate(profile, pool, scenario, seed=seed, scale=scale, **costs)
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(result))
     return profile, trace, result
@@ -149,7 +163,7 @@ def evaluated(profile: str) -> list[str]:
 
 def _cost(job: Job) -> float:
     """Simulated seconds a job runs (the whole trace for `auto`, else the samples)."""
-    _, trace, pool, scale, _, _ = job
+    _, trace, pool, scale, *_ = job
     phases = [p.duration * scale for p in load_scenario(TRACES[trace]).phases]
     if pool != "auto" and all(d >= WARM_S + SAMPLE_S for d in phases):
         return len(phases) * (WARM_S + SAMPLE_S)
@@ -247,8 +261,10 @@ def _columns(phases: list[tuple[str, float, float]]) -> list[tuple[str, float, f
     return out
 
 
-def report(profile: str, trace: str, results: dict[str, SimResult]) -> tuple[list[str], Verdict]:
-    startup = get_profile(profile).startup_s
+def report(
+    profile: str, trace: str, results: dict[str, SimResult], startup_s: float | None = None
+) -> tuple[list[str], Verdict]:
+    startup = get_profile(profile).startup_s if startup_s is None else startup_s
     specs = pools(profile)
     env = envelope(results, startup, specs)
     phases = results["auto"].phases
@@ -357,9 +373,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--fresh", action="store_true", help="ignore runs kept in results/")
+    parser.add_argument(
+        "--startup",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a restart's start-up, auto's and the envelope's (default: profile)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=float,
+        default=None,
+        metavar="S",
+        help="auto's drain before a restart (default: launch's --drain, 30 s)",
+    )
     args = parser.parse_args()
     configure_logging("warning")  # the loop's plan lines would drown the table
-    jobs = [(p, t, pool, args.scale, args.seed, args.fresh) for p in args.profile or PROFILES
+    jobs = [(p, t, pool, args.scale, args.seed, args.fresh, args.startup, args.drain)
+            for p in args.profile or PROFILES
             for t in args.trace or TRACES for pool in args.pool or evaluated(p)]  # fmt: skip
     done: dict[int, tuple[str, str, SimResult]] = {}
     started = time.monotonic()
@@ -378,7 +409,7 @@ def main() -> None:
         if "auto" not in results or not bounded(pools(profile), results):
             print(f"## {profile} / {trace}: runs kept; no report without auto and a fixed pool\n")
             continue
-        lines, v = report(profile, trace, results)
+        lines, v = report(profile, trace, results, args.startup)
         print("\n".join(lines))
         verdicts.append(v)
     print("\n".join(["## Summary", "", *HEADER, *(v.row() for v in verdicts), ""]))

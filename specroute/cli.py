@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "measure emulated servers at steps 1/2/3 and print them beside the seed table",
     ),
     "emulate": ("specroute.emulator.command", "run an emulated SGLang server (no GPU, no model)"),
+    "emulate-weight-cache": (
+        "specroute.emulator.weight_cache",
+        "run an emulated weight cache daemon that emulated servers restart through",
+    ),
     "bench": ("specroute.bench.command", "benchmark OpenAI/SGLang servers"),
     "serve": ("specroute.proxy.command", "run the routing proxy"),
     "config": (

@@ -221,9 +221,9 @@ def test_cli_refuses_steps_outside_the_candidates(capsys: pytest.CaptureFixture[
 
 # -- start-up ---------------------------------------------------------------------------------
 def test_startup_splits_into_load_and_warmup_and_scales() -> None:
-    plan = StartupPlan.of(20.0, 100.0)
-    assert plan.load_s == pytest.approx(0.19)
-    assert plan.warmup_wait_s == pytest.approx(0.01)
+    plan = StartupPlan.of(20.0, 100.0)  # the warm-up's share of 20 s (0.77 s) is under a poll
+    assert plan.load_s + plan.warmup_wait_s == pytest.approx(0.2)
+    assert plan.warmup_wait_s == pytest.approx(20.0 * 3.4 / 88 / 100)
     assert StartupPlan.of(0.0, 8.0).instant
     assert EmulatorOptions(steps=1, startup_s="profile").startup_seconds == SEED.startup_s == 88
 

@@ -22,6 +22,8 @@ from specroute.emulator.options import (
     EmulatorOptions,
 )
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.emulator.startup import CACHED_WEIGHTS_S
+from specroute.emulator.weight_cache import through_weight_cache
 from specroute.helpformat import DefaultsHelp
 from specroute.logs import configure_logging
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
@@ -113,6 +115,15 @@ def _emulation_flags(group: argparse._ArgumentGroup) -> None:
     add("--startup-s", type=_startup, default=0.0, metavar="S|profile",
         help="emulated seconds to ready, port closed while 'loading', scaled by --time-scale; "
         "'profile': the profile's real-hardware figure")
+    for part, what in (("weights", "weight load"), ("init", "server init"),
+                       ("graphs", "CUDA graph capture"), ("warmup", "warm-up, listening")):
+        add(f"--startup-{part}-s", type=float, default=None, metavar="S",
+            help=f"emulated seconds of the {what} (default: its share of --startup-s)")
+    add("--weight-cache-socket", default=None, metavar="PATH",
+        help="start as the client of a weight cache daemon (`specroute emulate-weight-cache`): "
+        "while it answers, the weight load takes --startup-cached-weights-s")
+    add("--startup-cached-weights-s", type=float, default=CACHED_WEIGHTS_S, metavar="S",
+        help="a weight cache client's weight load (mapped from the daemon)")
 
 
 def _fault_flags(group: argparse._ArgumentGroup) -> None:
@@ -169,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
     from specroute.emulator.vllm_server import build_vllm
 
     configure_logging()
+    options = through_weight_cache(options)
     app, emulator = build_vllm(options) if options.engine == "vllm" else build(options)
     log.info(
         "emulator_starting",
@@ -184,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         time_scale=options.time_scale,
         startup_s=options.startup_seconds,
     )
-    if not _load(emulator.startup.load_s):
+    if not _load(emulator.startup.parts):
         return 0
     config = uvicorn.Config(
         app,
@@ -203,14 +215,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(seconds: float) -> bool:
-    """Stand in for SGLang's weight load: the port stays closed. False if interrupted."""
-    if seconds <= 0:
-        return True
-    log.info("emulator_loading", wall_s=round(seconds, 3))
-    try:
-        time.sleep(seconds)
-    except KeyboardInterrupt:
-        log.info("emulator_stopped", during="loading")
-        return False
+def _load(parts: tuple[tuple[str, float], ...]) -> bool:
+    """Stand in for SGLang's start-up before it listens (weight load, init, CUDA graphs), part
+    by part, each logged: the port stays closed. False if interrupted."""
+    for part, seconds in parts:
+        log.info("emulator_loading", part=part, wall_s=round(seconds, 3))
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            log.info("emulator_stopped", during=part)
+            return False
     return True

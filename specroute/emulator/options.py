@@ -12,6 +12,7 @@ from specroute.emulator.adaptive import (
     check_initial_steps,
 )
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
+from specroute.emulator.startup import CACHED_WEIGHTS_S, StartupParts
 from specroute.emulator.vllm_request_metrics import SpecMetricsLevel
 from specroute.emulator.vllm_schedule import DynamicSchedule
 
@@ -22,6 +23,7 @@ SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN")
 
 Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Count = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
 SGLANG_PORT = 30000
@@ -49,6 +51,15 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """The tiers of `--speculative-adaptive-config` (its path in `source`); None: SGLang's."""
     startup_s: Annotated[float, msgspec.Meta(ge=0.0)] | Literal["profile"] = 0.0
     """Emulated seconds from launch to ready; "profile": the profile's real-hardware figure."""
+    startup_weights_s: Seconds | None = None
+    """The weight-load part of the start-up; None: its share of `startup_s` (`StartupParts`)."""
+    startup_init_s: Seconds | None = None
+    startup_graphs_s: Seconds | None = None
+    startup_warmup_s: Seconds | None = None
+    weight_cache_socket: str | None = None
+    """A weight cache daemon's socket (`specroute emulate-weight-cache`): while it answers at
+    start-up, the weight load takes `startup_cached_weights_s`; absent, the disk's time."""
+    startup_cached_weights_s: Seconds = CACHED_WEIGHTS_S
     api_key: str | None = None
     enable_response_store: bool = False
     """`--enable-response-store`: keep responses for retrieval and `previous_response_id`."""
@@ -83,6 +94,13 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError("--per-request-spec-decode-metrics needs --engine vllm and --steps")
         if self.engine == "vllm" and (self.speculative_adaptive or self.speculative_algorithm):
             raise ValueError("--engine vllm takes --steps only (num_speculative_tokens)")
+        if self.weight_cache_socket is not None and self.engine == "sglang" and self.steps > 0:
+            # SGLang's own check (arg_groups, `_handle_load_format`): the daemon holds no draft.
+            raise ValueError(
+                "--weight-cache-mode is not supported together with speculative decoding "
+                "(--speculative-algorithm): the weight cache daemon does not export the draft "
+                "model's weights"
+            )
         if self.speculative_adaptive:
             if self.steps == 0:
                 raise ValueError("--speculative-adaptive needs --steps 1 or more")
@@ -93,11 +111,30 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         return self.speculative_adaptive_config or DEFAULT_ADAPTIVE_CONFIG
 
     @property
+    def startup_parts(self) -> StartupParts:
+        """The start-up by part, before `--time-scale` and before any weight cache: each part
+        given, else its share of `--startup-s`."""
+        split = StartupParts.split(self._startup_total_s)
+        return StartupParts(
+            weights_s=_given(self.startup_weights_s, split.weights_s),
+            init_s=_given(self.startup_init_s, split.init_s),
+            graphs_s=_given(self.startup_graphs_s, split.graphs_s),
+            warmup_s=_given(self.startup_warmup_s, split.warmup_s),
+        )
+
+    @property
+    def _startup_total_s(self) -> float:
+        return PROFILES[self.profile].startup_s if self.startup_s == "profile" else self.startup_s
+
+    @property
     def startup_seconds(self) -> float:
-        """Emulated start-up time, before `--time-scale`."""
-        if self.startup_s == "profile":
-            return PROFILES[self.profile].startup_s
-        return self.startup_s
+        """Emulated start-up time, before `--time-scale`: `--startup-s`, or the parts' sum
+        where a part is given."""
+        given = (self.startup_weights_s, self.startup_init_s, self.startup_graphs_s,
+                 self.startup_warmup_s)  # fmt: skip
+        if all(part is None for part in given):
+            return self._startup_total_s
+        return self.startup_parts.total_s
 
     @property
     def algorithm(self) -> str | None:
@@ -110,3 +147,7 @@ class EmulatorOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     @property
     def served_model_name(self) -> str:
         return self.model_name or PROFILES[self.profile].model_name
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value

@@ -108,7 +108,7 @@ class Emulator:
         self.driver = Driver(self.engine, self.stats, time_scale=options.time_scale)
         self.faults = Faults(options)
         self.responder = responder(self.driver, self.faults, speculative=speculative)
-        self.startup = StartupPlan.of(options.startup_seconds, options.time_scale)
+        self.startup = StartupPlan.of_parts(options.startup_parts, options.time_scale)
         self.warmed = self.startup.instant
         """False until SGLang's warm-up request has run: `/health` and `/ready` answer 503."""
         self.startup_time = time.time()

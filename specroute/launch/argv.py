@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
@@ -17,11 +18,13 @@ from specroute.launch.vllm_argv import (
     VllmServer,
     vllm_server_args,
 )
+from specroute.launch.weight_cache import WeightCache, cache_daemon, client_flags, set_name
 from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING
 
 __all__ = [
     "ALGORITHMS",
     "EMULATED_MODEL",
+    "CacheDaemonPlan",
     "LaunchOptions",
     "LaunchPlan",
     "PlanError",
@@ -85,6 +88,9 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """The servers' engine (`vllm_argv` writes vLLM's lines; emulated, its dialect)."""
     vllm_args: tuple[str, ...] = ()
     vllm_args_by_depth: dict[Depth, tuple[str, ...]] = {}
+    weight_cache: str | None = None
+    """`--weight-cache`: the directory of the weight cache daemons' sockets (one per GPU set
+    under it); None: no daemon, servers load their weights themselves."""
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -102,6 +108,12 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             stray = sorted(set(given) - set(self.steps))
             if stray:
                 raise PlanError(f"{flag} names depth {stray[0]}, which --steps does not launch")
+        if self.weight_cache is not None and self.engine == "sglang" and any(self.steps):
+            raise PlanError(
+                "--weight-cache with SGLang serves depth 0 only: SGLang refuses "
+                "--weight-cache-mode with --speculative-algorithm (its daemon does not export "
+                "draft weights); use --engine vllm, or --steps 0"
+            )
 
     def running_limit(self, steps: int) -> int:
         """`--max-running-requests` for the server at depth `steps`."""
@@ -129,6 +141,8 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
     """Variables of `env` whose values `shell()` hides (keys: logs and --dry-run show it)."""
     ready_path: str = "/ready"
     """What answers 200 once it serves (a vLLM server's /health; SGLang's and ours /ready)."""
+    cache_args: tuple[str, ...] = ()
+    """The flags that make it its GPU set's weight cache client (kept across depth changes)."""
 
     def shell(self) -> str:
         """The command as one line a shell would run, environment first, secrets hidden."""
@@ -139,9 +153,18 @@ class ProcessPlan(msgspec.Struct, frozen=True, kw_only=True):
         return (env + " " if env else "") + shlex.join(self.argv)
 
 
+class CacheDaemonPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """One GPU set's weight cache daemon and where it answers once loaded."""
+
+    process: ProcessPlan
+    cache: WeightCache
+
+
 class LaunchPlan(msgspec.Struct, frozen=True, kw_only=True):
     servers: tuple[ProcessPlan, ...]
     proxy: ProcessPlan
+    caches: tuple[CacheDaemonPlan, ...] = ()
+    """`--weight-cache`: one daemon per server's GPU set, started before the servers."""
 
 
 def parse_steps(text: str) -> tuple[int, ...]:
@@ -233,11 +256,30 @@ def _server(options: LaunchOptions, index: int, steps: int, gpus: tuple[int, ...
     name = f"steps{steps}" + (f"-{repeat + 1}" if repeat else "")
     argv = server_argv(options, steps, port)
     env = {} if options.emulate else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    cache_args: list[str] = []
+    if options.weight_cache is not None:
+        socket_dir = str(Path(options.weight_cache) / set_name(index, gpus))
+        cache_args, cache_env = client_flags(options.engine, emulate=options.emulate,
+                                             socket_dir=socket_dir)  # fmt: skip
+        env |= cache_env
     url = f"http://{_connect_host(options.host)}:{port}"
     ready = VLLM_READY_PATH if options.engine == "vllm" else "/ready"
     return ProcessPlan(
-        name=name, argv=tuple(argv), env=env, url=url, steps=steps, gpus=gpus, ready_path=ready
-    )
+        name=name, argv=(*argv, *cache_args), env=env, url=url, steps=steps, gpus=gpus,
+        ready_path=ready, cache_args=tuple(cache_args),
+    )  # fmt: skip
+
+
+def _cache_daemon(options: LaunchOptions, server: ProcessPlan, index: int) -> CacheDaemonPlan:
+    """The daemon of `server`'s GPU set (a sibling of the server's own environment)."""
+    socket_dir = str(Path(options.weight_cache or ".") / set_name(index, server.gpus))
+    extra = options.emulator_args if options.emulate else options.sglang_args
+    argv, env, cache = cache_daemon(options.engine, emulate=options.emulate, model=options.model,
+                                    tp=options.tp, socket_dir=socket_dir, extra=extra)  # fmt: skip
+    gpus = {k: v for k, v in server.env.items() if k == "CUDA_VISIBLE_DEVICES"}
+    process = ProcessPlan(name=f"cache-{set_name(index, server.gpus)}", argv=tuple(argv),
+                          env=gpus | env, url="", gpus=server.gpus)  # fmt: skip
+    return CacheDaemonPlan(process=process, cache=cache)
 
 
 def server_argv(
@@ -293,6 +335,9 @@ def build_plan(options: LaunchOptions, detected_gpus: tuple[int, ...] = ()) -> L
         available = options.gpus if options.gpus is not None else detected_gpus
         partitions = _partition(options, available)
     servers = tuple(_server(options, i, k, partitions[i]) for i, k in enumerate(options.steps))
+    caches: tuple[CacheDaemonPlan, ...] = ()
+    if options.weight_cache is not None:
+        caches = tuple(_cache_daemon(options, s, i) for i, s in enumerate(servers))
     argv = [sys.executable, "-m", "specroute", "serve"]
     if options.proxy_config is not None:
         argv += ["--config", options.proxy_config]
@@ -308,11 +353,12 @@ def build_plan(options: LaunchOptions, detected_gpus: tuple[int, ...] = ()) -> L
         url=f"http://{_connect_host(options.proxy_host)}:{options.port}",
         secrets=tuple(k for k in KEY_VARIABLES if k in options.proxy_env),
     )
-    return LaunchPlan(servers=servers, proxy=proxy)
+    return LaunchPlan(servers=servers, proxy=proxy, caches=caches)
 
 
 def format_plan(plan: LaunchPlan) -> str:
     """What `--dry-run` prints: every command with its environment, one per line."""
-    lines = [f"# {s.name}: {s.url}\n{s.shell()}" for s in plan.servers]
+    lines = [f"# {c.process.name}: {c.cache.socket_dir}\n{c.process.shell()}" for c in plan.caches]
+    lines += [f"# {s.name}: {s.url}\n{s.shell()}" for s in plan.servers]
     lines.append(f"# proxy: {plan.proxy.url}\n{plan.proxy.shell()}")
     return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ from specroute.launch.argv import (
 from specroute.launch.defaults import LaunchDepths, launch_depths
 from specroute.launch.flags import add_server_arguments, host_gpus, server_options
 from specroute.launch.restarts import attach, with_admin_key
+from specroute.launch.weight_cache import DEFAULT_DIR
 from specroute.logs import configure_logging
 from specroute.policies import UnknownPolicyError, create, pinned_depth
 from specroute.reconfigure import options as reconfigure_flags
@@ -88,6 +89,12 @@ def register(subparsers: Subcommands) -> None:
         help="on stop, and before a depth change (--reconfigure auto), how long a process may "
         "take to finish its requests")
     add("--dry-run", action="store_true", help="print the commands and environment, start nothing")
+    add("--weight-cache", nargs="?", const="", default=None, metavar="DIR",
+        help="keep one weight cache daemon per GPU set alive across its servers' restarts and "
+        "start the servers as its clients (a restart maps the weights instead of loading them); "
+        "sockets under DIR (default: LOG_DIR/weight-cache). Needs an engine that has it: vLLM "
+        "with Fast Start (vllm-project/vllm#54921), or SGLang after 0.5.23 (#27139; no release "
+        "verified) at depth 0 only; --emulate runs emulated daemons")
     reconfigure_flags.add_arguments(parser)
     parser.set_defaults(run=run, parser=parser)
 # fmt: on
@@ -179,7 +186,16 @@ def options_from_args(
         proxy_config=str(args.config) if args.config is not None else None,
         proxy_env=_proxy_env(args),
         prior=str(Path(args.prior).resolve()) if args.prior else None,
+        weight_cache=_weight_cache_dir(args),
     )
+
+
+def _weight_cache_dir(args: argparse.Namespace) -> str | None:
+    """`--weight-cache [DIR]`: DIR, else the log directory's `weight-cache`; None when off."""
+    given: str | None = getattr(args, "weight_cache", None)
+    if given is None:
+        return None
+    return str((Path(given) if given else Path(args.log_dir) / DEFAULT_DIR).resolve())
 
 
 def _check_policy_depth(config: Config, options: LaunchOptions) -> None:

@@ -1,5 +1,6 @@
 """A launched server's command line at another speculative setting: the same name, port and
-GPUs, the depth flags SGLang needs (or the emulator's), adaptive tiers in a JSON file. Pure."""
+GPUs (and weight cache), the depth flags SGLang needs (or the emulator's), adaptive tiers in a
+JSON file. Pure."""
 
 from __future__ import annotations
 
@@ -48,4 +49,4 @@ def server_at(
         if config_path is not None:
             adaptive += ["--speculative-adaptive-config", str(config_path)]
     argv = server_argv(options, steps, port, adaptive)
-    return msgspec.structs.replace(base, argv=tuple(argv), steps=steps)
+    return msgspec.structs.replace(base, argv=(*argv, *base.cache_args), steps=steps)

@@ -19,9 +19,10 @@ from typing import Any, TextIO
 import msgspec
 import structlog
 
-from specroute.children import NotReady, tail, wait_ready
+from specroute.children import ChildExited, NotReady, tail, wait_ready
 from specroute.launch.argv import LaunchPlan
 from specroute.launch.supervisor import Supervised
+from specroute.launch.weight_cache import wait_cache_ready
 
 __all__ = ["LaunchError", "LaunchSettings", "Launcher", "detect_gpus", "validate_with_sglang"]
 
@@ -94,6 +95,10 @@ class Launcher:
             Supervised(p, settings.log_dir, on_crash=self.crashed) for p in plan.servers
         ]
         self.proxy = Supervised(plan.proxy, settings.log_dir, on_crash=self.crashed)
+        self.caches = [
+            Supervised(c.process, settings.log_dir, on_crash=self.crashed) for c in plan.caches
+        ]
+        """`--weight-cache`: one daemon per GPU set, up before its servers, down after them."""
         self._stop = asyncio.Event()
         self.ready_after: dict[str, float] = {}
         """Seconds each child took to answer /ready at launch."""
@@ -158,6 +163,9 @@ class Launcher:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def start(self) -> None:
+        await self._start_caches()
+        if self._stop.is_set():
+            return
         for server in self.servers:
             await server.start()
         await self._wait_ready(self.servers)
@@ -169,6 +177,39 @@ class Launcher:
     async def shutdown(self) -> None:
         await self.proxy.stop(self.settings.drain_s)
         await asyncio.gather(*(s.stop(self.settings.drain_s) for s in self.servers))
+        await asyncio.gather(*(c.stop(self.settings.drain_s) for c in self.caches))
+        for cache in self.caches:
+            log.info("weight_cache_stopped", name=cache.plan.name, restarts=cache.restarts)
+
+    async def _start_caches(self) -> None:
+        """Start every weight cache daemon and wait until each serves (its weight load), so
+        that no server loads from disk beside a daemon still loading; a daemon that dies
+        meanwhile is restarted by its supervisor and waited for again."""
+        for cache in self.caches:
+            await cache.start()
+            log.info("weight_cache_started", name=cache.plan.name, pid=cache.pid)
+        started = time.monotonic()
+        for cache, planned in zip(self.caches, self.plan.caches, strict=True):
+            while not self._stop.is_set():
+                if self._hopeless.is_set():
+                    raise LaunchError(self._hopeless_why)
+                left = max(0.0, self.settings.ready_timeout_s - (time.monotonic() - started))
+                try:
+                    await wait_cache_ready(planned.cache, cache.process, name=cache.plan.name,
+                                           within=left, poll_s=self.settings.poll_s)  # fmt: skip
+                except ChildExited:
+                    if left <= 0:
+                        raise LaunchError(f"{cache.plan.name} kept exiting while loading; "
+                                          f"log: {cache.log_path}") from None  # fmt: skip
+                    await asyncio.sleep(self.settings.poll_s)  # the supervisor restarts it
+                    continue
+                except NotReady as exc:
+                    raise LaunchError(f"{exc}\n--- last lines of {cache.log_path}:\n"
+                                      f"{tail(cache.log_path)}") from exc  # fmt: skip
+                log.info("weight_cache_ready", name=cache.plan.name, socket_dir=planned.cache
+                         .socket_dir, after_s=round(time.monotonic() - started, 1))  # fmt: skip
+                self._say(f"  {cache.plan.name} serving after {time.monotonic() - started:.1f} s")
+                break
 
     async def _wait_ready(self, children: Sequence[Supervised], path: str | None = None) -> None:
         """Wait until every child answers `path` (unset: its plan's `ready_path`, which differs
@@ -232,6 +273,7 @@ class Launcher:
             lines.append(
                 f"  {s.plan.name:<8} {s.plan.url}  pid {s.pid}  gpus {gpus}  log {s.log_path}"
             )
+        lines += [f"  {c.plan.name}  pid {c.pid}  log {c.log_path}" for c in self.caches]
         lines.append(
             f"  proxy    {self.plan.proxy.url}  pid {self.proxy.pid}  log {self.proxy.log_path}"
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from pathlib import Path
 
 import msgspec
@@ -60,7 +59,6 @@ class ServerRestarts:
         await old.stop(self.launcher.settings.drain_s)
         child = Supervised(plan, self.launcher.settings.log_dir, on_crash=self.launcher.crashed)
         servers[i] = child
-        started = time.monotonic()
         await child.start()
         try:
             await wait_ready(
@@ -70,7 +68,6 @@ class ServerRestarts:
             )  # fmt: skip
         except (NotReady, ChildExited) as exc:
             return str(exc).splitlines()[0].split("; last lines of")[0]
-        self.actuator.slots[name].startup_s = time.monotonic() - started
         return None
 
     def _tiers_file(self, name: str, setting: Setting) -> Path | None:

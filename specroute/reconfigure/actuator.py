@@ -11,6 +11,7 @@ from typing import Literal
 import msgspec
 
 from specroute.planner import Change, Plan, ServerState, Setting
+from specroute.reconfigure.restart_times import RestartTimes
 
 __all__ = ["Actuator", "ChangeResult", "Mode", "Phase", "Record", "Slot"]
 
@@ -73,6 +74,8 @@ class Actuator:
         self.slots = {n: Slot(name=n, setting=s, startup_s=t, since=now) for n, s, t in servers}
         self.history: list[Record] = []
         self.outcomes: dict[ChangeResult, int] = {"done": 0, "fell_back": 0, "failed": 0}
+        self.restart_times = RestartTimes()
+        """The restarts each server has shown; what the planner charges once there is one."""
 
     def admit(self, plan: Plan) -> list[Change]:
         """The plan's changes to begin now: in `auto` only, on serving servers; each one is
@@ -142,7 +145,8 @@ class Actuator:
         """The planner's view: a server in a change counts at the setting it restarts into."""
         return [
             ServerState(
-                name=s.name, setting=self.restarting_into(s.name), startup_s=s.startup_s,
+                name=s.name, setting=self.restarting_into(s.name),
+                startup_s=self.restart_times.charged(s.name, s.startup_s),
                 state="serving" if s.phase == "serving" else (
                     "draining" if s.phase == "draining" else "starting"),
                 changed_at=s.changed_at,

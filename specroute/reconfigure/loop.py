@@ -252,8 +252,10 @@ class Reconfigurer:
         await self._publish_quietly()
         await self.link.hold(name, "restarting", **self._change(name))
         while setting is not None:
+            began = self.actuator.clock()
             error = await self._restart(name, setting)
             if error is None:
+                self.actuator.restart_times.observe(name, self.actuator.clock() - began)
                 return self.actuator.ready(name)
             setting = self.actuator.failed(name, error)
         return self.actuator.history[-1]
@@ -316,7 +318,7 @@ class Reconfigurer:
             ServerRow(name=s.name, setting=s.setting.label, state=s.phase,
                       target=None if s.target is None else s.target.label,
                       fallback=s.fallback, since_s=round(now - s.since, 1), since=at(s.since),
-                      startup_s=round(s.startup_s, 1))
+                      startup_s=round(act.restart_times.charged(s.name, s.startup_s), 1))
             for s in act.slots.values()
         ]  # fmt: skip
         return PlanDocument(
