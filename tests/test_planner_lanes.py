@@ -58,14 +58,21 @@ def test_without_a_lane_target_the_throughput_best_pool_holds() -> None:
     assert plan.verdict == "hold: nothing gains enough"
 
 
-def test_the_planner_gives_up_a_little_throughput_to_serve_the_interactive_lane() -> None:
-    planner, now = planner_after([CROWDED])
+@pytest.mark.parametrize("lasted_s", [600.0, 1200.0])
+def test_the_planner_gives_up_a_little_throughput_to_serve_the_interactive_lane(
+    lasted_s: float,
+) -> None:
+    # 600 s: the regime is expected to end before the 990 s one restart and the dwell commit
+    # the pool to; restarting two more servers would only delay the gain, not lengthen it.
+    planner, now = planner_after([(lasted_s, CROWDED[1])])
     planner.lanes = FAST_CHAT
     plan = planner.plan(now, pool(0, 1, 4), estimates())
     assert plan.verdict == "reconfigure"
     assert [(c.server, c.after.steps) for c in plan.changes] == [("b2", 7)]
     assert plan.proposed is not None
     assert plan.proposed.tok_s < plan.current.tok_s  # throughput second
+    restart_s = 60.0 + planner.options.drain_s
+    assert plan.gain_tokens == pytest.approx(plan.gain * (plan.horizon_s - restart_s))
     assert "interactive 6.0 at 100 tok/s: 6.0 short now, 0.0 with the proposal" in plan.reason
 
 

@@ -282,8 +282,8 @@ class Planner:
         """A target's changes (cheapest first), its restart cost and its gain over the horizon
         (`gain` per second): restarts go `max_unavailable` at a time, each a drain plus a
         start-up, and the gain arrives as they are done (counted from the mean of the rounds'
-        ends) until the dwell they commit the pool to is over, or the regime is expected to
-        end, whichever is later."""
+        ends) until the end of the horizon its loads weigh `gain` over: later rounds only
+        delay it (a span stretched by them would credit more restarts with more gain)."""
         o = self.options
         changes = sorted(
             (
@@ -296,8 +296,7 @@ class Planner:
         )  # fmt: skip
         restart_s = max(s.startup_s for s in servers) + o.drain_s
         rounds = math.ceil(len(changes) / o.max_unavailable)
-        span = max(rounds * restart_s + o.min_dwell_s, regime.expected_remaining_s)
-        useful_s = max(0.0, span - (rounds + 1) / 2 * restart_s)
+        useful_s = max(0.0, self.horizon(servers, regime) - (rounds + 1) / 2 * restart_s)
         return _Candidate(
             settings=settings,
             forecast=fc,
