@@ -85,6 +85,16 @@ def test_threshold_spreads_instead_of_piling_onto_the_preferred_depth() -> None:
     assert policy.choose(GREEDY, view).backend == "k2"  # 0.15 + 0.1 < 0.45
 
 
+def test_threshold_never_queues_behind_a_full_server_while_another_has_room() -> None:
+    # The preferred depth 0 is full (1 of 1); depth 7 has room but is 7 steps away: its score
+    # (0 + 0.5 x 7) is worse than the full one's (1 + 0), and still it must take the request.
+    policy = Threshold(ThresholdOptions(table="inf:0", spread=0.5))
+    view = _view(_backend("k0", 0, in_flight=1, capacity=1), _backend("k7", 7, capacity=1))
+    assert policy.choose(SAMPLED, view).backend == "k7"
+    every_one_full = _view(_backend("k0", 0, 1, 1), _backend("k7", 7, 1, 1))
+    assert policy.choose(SAMPLED, every_one_full).backend == "k0"  # then the preference holds
+
+
 def test_throughput_sends_everything_deep_on_an_idle_pool() -> None:
     view = _view(_backend("k1", 1), _backend("k3", 3))
     for objective in ("latency", "throughput", "goodput"):

@@ -10,7 +10,7 @@ import math
 import msgspec
 
 from specroute.policies.groups import batch, candidates_of
-from specroute.policies.predict import load
+from specroute.policies.predict import load, with_room
 from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["Threshold", "ThresholdOptions", "parse_table"]
@@ -71,8 +71,10 @@ class Threshold:
         pool_load = (in_flight + 1) / capacity if capacity else math.inf
         wanted = self.depth_for(pool_load)
         spread = self.options.spread
-        # A configuration's least loaded member has its lowest score: one score per group.
-        bests = candidates_of(view).bests(self._turn)
+        # A configuration's least loaded member has its lowest score: one score per group; a
+        # full backend only when every one is full (the depth preference never queues a
+        # request behind a full server while another has room).
+        bests = with_room(candidates_of(view).bests(self._turn))
         scores = [load(b) + spread * abs((b.steps or 0) - wanted) for b in bests]
         best = min(scores)
         tied = [b for b, x in zip(bests, scores, strict=True) if x <= best + 1e-12]
