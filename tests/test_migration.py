@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,14 +63,27 @@ def client(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def migrations(proxy: Server) -> dict[tuple[str, str], float]:
-    counts = {}
-    for line in httpx.get(proxy.url + "/metrics").text.splitlines():
-        if line.startswith("specroute_migrations_total{"):
-            labels, value = line.rsplit(" ", 1)
-            parts = dict(p.split("=") for p in labels[labels.index("{") + 1 : -1].split(","))
-            counts[(parts["cause"].strip('"'), parts["outcome"].strip('"'))] = float(value)
-    return counts
+def migrations(
+    proxy: Server, expect: dict[tuple[str, str], float] | None = None
+) -> dict[tuple[str, str], float]:
+    """`specroute_migrations_total` by (cause, outcome). The proxy counts a move once its
+    continuation has ended, which can be a moment after the client read the last byte: with
+    `expect`, read again for up to 5 s until the counts match it."""
+    deadline = time.monotonic() + 5
+    while True:
+        counts = {}
+        for line in httpx.get(proxy.url + "/metrics").text.splitlines():
+            if line.startswith("specroute_migrations_total{"):
+                labels, value = line.rsplit(" ", 1)
+                parts = dict(p.split("=") for p in labels[labels.index("{") + 1 : -1].split(","))
+                counts[(parts["cause"].strip('"'), parts["outcome"].strip('"'))] = float(value)
+        if expect is None or counts == expect or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.05)
+
+
+def expect_migrations(proxy: Server, expect: dict[tuple[str, str], float]) -> None:
+    assert migrations(proxy, expect) == expect
 
 
 def chat_stream(proxy: Server, **extra: object) -> tuple[str, set[str], object, int]:
@@ -124,7 +138,7 @@ def test_chat_stream_continues_on_another_backend(tmp_path: Path, fault: str, ca
         assert prompt.usage is not None
         assert usage.prompt_tokens == prompt.usage.prompt_tokens
         assert usage.total_tokens == usage.prompt_tokens + TOKENS
-        assert migrations(proxy) == {(cause, "moved"): 1.0}
+        expect_migrations(proxy, {(cause, "moved"): 1.0})
 
 
 def test_completion_stream_continues_on_another_backend(tmp_path: Path) -> None:
@@ -154,14 +168,14 @@ def test_completion_stream_continues_on_another_backend(tmp_path: Path) -> None:
         assert reference.usage is not None
         assert usage.completion_tokens == TOKENS
         assert usage.prompt_tokens == reference.usage.prompt_tokens
-        assert migrations(proxy) == {("interrupted", "moved"): 1.0}
+        expect_migrations(proxy, {("interrupted", "moved"): 1.0})
 
 
 def test_request_that_cannot_continue_exactly_keeps_its_error(tmp_path: Path) -> None:
     with pool(tmp_path, "--exit-mid-stream-after-tokens", 6) as (proxy, _):
         with pytest.raises(openai.APIError, match="backend stream interrupted"):
             chat_stream(proxy, logprobs=True)
-        assert migrations(proxy) == {("interrupted", "refused"): 1.0}
+        expect_migrations(proxy, {("interrupted", "refused"): 1.0})
 
 
 def test_migration_turned_off_keeps_the_error(tmp_path: Path) -> None:
@@ -169,7 +183,7 @@ def test_migration_turned_off_keeps_the_error(tmp_path: Path) -> None:
     with pool(tmp_path, "--exit-mid-stream-after-tokens", 6, off) as (proxy, _):
         with pytest.raises(openai.APIError, match="backend stream interrupted"):
             chat_stream(proxy)
-        assert migrations(proxy) == {}
+        expect_migrations(proxy, {})
 
 
 LONG = 300  # tokens: seconds of streaming, far longer than the drain's deadline
@@ -294,7 +308,7 @@ def test_native_generate_stream_continues_on_another_backend(
     with pool(tmp_path, "--exit-mid-stream-after-tokens", 6) as (proxy, healthy):
         reply = httpx.post(proxy.url + "/generate", json=request, timeout=30)
         reference = httpx.post(healthy.url + "/generate", json={**request, "stream": False})
-        counts = migrations(proxy)
+        counts = migrations(proxy, {("interrupted", "moved"): 1.0})
     events = _native_events(reply.content)
     assert not [e for e in events if "error" in e]
     last, whole = events[-1], reference.json()
