@@ -56,7 +56,7 @@ class Planner:
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
         self.errors: deque[float] = deque(maxlen=_ERRORS_KEPT)
-        """|forecast - realized| / realized of the latest changes that settled (`account`)."""
+        """(forecast - realized) / realized of the latest changes that settled (`account`)."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
@@ -123,9 +123,10 @@ class Planner:
     @property
     def bar(self) -> float:
         """The gain a change must promise, as a fraction of the objective: `min_gain`, raised
-        by `regret` while changes have not paid and by the median error of the latest
-        forecasts (a gain inside the band they missed by is not one)."""
-        band = statistics.median(self.errors) if self.errors else 0.0
+        by `regret` while changes have not paid and by the median over-promise of the latest
+        forecasts (a gain inside the band they overshot by is not one; a forecast that fell
+        short of what its change realized says nothing against the next gain)."""
+        band = statistics.median(max(0.0, e) for e in self.errors) if self.errors else 0.0
         return self.options.min_gain + self.regret + band
 
     def account(self, realized_gain: float, forecast_error: float | None = None) -> None:
@@ -134,7 +135,7 @@ class Planner:
         bar by `min_gain` (up to `regret_cap`); one that paid lowers it by as much."""
         o = self.options
         if forecast_error is not None:
-            self.errors.append(abs(forecast_error))
+            self.errors.append(forecast_error)
         step = max(o.min_gain, 0.01)
         if realized_gain < o.min_gain:
             self.regret = min(o.regret_cap, self.regret + step)
@@ -203,15 +204,17 @@ class Planner:
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
-        # A change made in a lull is undone under load: restarts are charged at the higher of
-        # the load now and the peak the pool was sized for or has seen.
+        # A restart runs under the load now while the regime lasts, and may meet the peak the
+        # pool was sized for or has seen if the regime ends first: each server's loss is the
+        # two weighed by the chance the regime outlasts its restart (`_outlasts`).
         at_peak = user_counts(peak, regime.shares) if peak > regime.concurrency else users
         peak_fc = self._forecast(current, at_peak, phys)
-        lost = [
-            max(self._loss(servers, i, users, phys, now_fc),
-                self._loss(servers, i, at_peak, phys, peak_fc))
-            for i in range(len(servers))
-        ]  # fmt: skip
+        lost = []
+        for i, server in enumerate(servers):
+            now_loss = self._loss(servers, i, users, phys, now_fc)
+            peak_loss = max(now_loss, self._loss(servers, i, at_peak, phys, peak_fc))
+            stays = _outlasts(regime, server.startup_s + o.drain_s)
+            lost.append(stays * now_loss + (1.0 - stays) * peak_loss)
         best: _Candidate | None = None
         gaining: _Candidate | None = None
         for combo in itertools.combinations_with_replacement(choices, len(servers)):
@@ -377,6 +380,14 @@ def _unsettled(regime: Regime, settle_s: float, users: Mapping[str, int]) -> str
     if not regime.steady:
         return f"load moving away from {regime.concurrency:.1f}"
     return ""
+
+
+def _outlasts(regime: Regime, restart_s: float) -> float:
+    """The chance the regime goes on past a restart of `restart_s`, its remaining time taken
+    as exponential with the mean it is expected to last."""
+    if regime.expected_remaining_s <= 0:
+        return 0.0
+    return math.exp(-restart_s / regime.expected_remaining_s)
 
 
 def _assign(current: tuple[Setting, ...], combo: tuple[Setting, ...]) -> tuple[Setting, ...]:

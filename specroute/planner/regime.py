@@ -43,7 +43,8 @@ class RegimeTracker:
     mix moves by `mix_shift` (total variation). The band then moves to the new level; when it
     had moved less than a window before, load is still on its way (a ramp) and no regime ends.
     Expected remaining time is the mean residual of the past regimes that outlasted the
-    current one's age, with `prior_s` counted `prior_weight` times."""
+    current one's age (those of the same load and mix when any was seen), with a prior counted
+    `prior_weight` times."""
 
     def __init__(
         self,
@@ -111,23 +112,38 @@ class RegimeTracker:
         return ratio > self.band or ratio < 1.0 / self.band
 
     def _left(self) -> bool:
-        if self._outside(self.level, self._ref_level):
+        return self._differ(self.level, self.shares, self._ref_level, self._ref_shares)
+
+    def _differ(
+        self, level: float, shares: Mapping[str, float], ref: float, ref_shares: Mapping[str, float]
+    ) -> bool:
+        """Two loads are different regimes: concurrency out of band, or the mix moved."""
+        if self._outside(level, ref):
             return True
-        keys = set(self.shares) | set(self._ref_shares)
-        shift = 0.5 * sum(abs(self.shares.get(c, 0.0) - self._ref_shares.get(c, 0.0)) for c in keys)
+        keys = set(shares) | set(ref_shares)
+        shift = 0.5 * sum(abs(shares.get(c, 0.0) - ref_shares.get(c, 0.0)) for c in keys)
         return shift > self.mix_shift
 
     def expected_remaining(self, now: float) -> float:
-        """Mean residual life of the current regime at its age, learned with a prior. Before
-        any regime has ended, as long again as it has lasted (at least a window, at most the
-        prior): nothing yet says how long regimes last. The prior counts for less as regimes
-        are seen (`prior_weight / (1 + seen)`): a few short regimes outweigh it."""
+        """Mean residual life of the current regime at its age, learned with a prior: as long
+        again as it has lasted (at least a window, at most `prior_s`), the guess when nothing
+        says how long regimes last. The prior counts for less as regimes are seen
+        (`prior_weight / (1 + seen)`): a few short regimes outweigh it, and a regime older than
+        every one seen is expected to last as long again, not `prior_s` at once."""
         age = now - (self._start if self._start is not None else now)
-        if not self.durations:
-            return min(self.prior_s, max(age, self.window_s))
-        residuals = [d - age for d in self.durations if d > age]
-        weight = self.prior_weight / (1 + len(self.durations))
-        return (weight * self.prior_s + sum(residuals)) / (weight + len(residuals))
+        again = min(self.prior_s, max(age, self.window_s))
+        alike = [p.duration_s for p in self.past if self._alike(p)]
+        durations = alike or list(self.durations)
+        if not durations:
+            return again
+        residuals = [d - age for d in durations if d > age]
+        weight = self.prior_weight / (1 + len(durations))
+        return (weight * again + sum(residuals)) / (weight + len(residuals))
+
+    def _alike(self, past: Past) -> bool:
+        """Was `past` a regime of the current one's load and mix? Their lengths teach how
+        long this one lasts (a quiet spell between long busy ones is itself short)."""
+        return not self._differ(past.concurrency, past.shares, self._ref_level, self._ref_shares)
 
     def mixture(self, now: float, horizon_s: float) -> list[tuple[float, Past]]:
         """The load over the next `horizon_s`, as weights on regimes: the current one for as
