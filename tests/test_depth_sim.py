@@ -149,7 +149,7 @@ async def _never(name: str, setting: Setting) -> str | None:
 def test_the_simulator_and_the_launched_loop_decide_alike_on_the_same_pool(
     depth_sim: ModuleType, tmp_path: Path
 ) -> None:
-    trace = scenario(tmp_path, [("busy", 8, 60.0, SAMPLED), ("quiet", 1, 300.0, GREEDY)])
+    trace = scenario(tmp_path, [("busy", 8, 60.0, SAMPLED), ("quiet", 1, 900.0, GREEDY)])
     advise = msgspec.structs.replace(DEEP, mode="advise")
     sim = depth_sim.DepthSim("seed-qwen35-122b", depth_sim.pools()["auto"], reconfigure=advise)
     result = sim.run(trace, "auto")
