@@ -53,6 +53,9 @@ class Planner:
         )
         self._launched: float | None = None
         """The slots of the pool at its first plan: the peak it was sized for."""
+        self._launched_escape: float | None = None
+        """The highest load under which the pool at its first plan could still restart a
+        server (`_escape_load`): no proposal is less reconfigurable than what was launched."""
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
         self.errors: deque[float] = deque(maxlen=_ERRORS_KEPT)
@@ -79,6 +82,7 @@ class Planner:
         phys = Physics(est)
         if self._launched is None and all(s.setting.deepest in phys.depths for s in servers):
             self._launched = sum(phys.depths[s.setting.deepest].capacity for s in servers)
+            self._launched_escape = self._escape_load([s.setting for s in servers], phys)
         now_fc = self._forecast([s.setting for s in servers], users, phys)
         why = _unsettled(regime, o.settle_s, users)
         if why:
@@ -204,6 +208,8 @@ class Planner:
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
+        escape = (self._launched_escape or 0.0) if o.peak_concurrency is None else sized_for
+        escape = max(escape, regime.peak_concurrency)
         # A restart runs under the load now while the regime lasts, and may meet the peak the
         # pool was sized for or has seen if the regime ends first: each server's loss is the
         # two weighed by the chance the regime outlasts its restart (`_outlasts`).
@@ -221,7 +227,7 @@ class Planner:
             settings = _assign(current, combo)
             if settings == current or _undoes(servers, settings, regime):
                 continue
-            if not self._escapable(settings, phys, peak):
+            if self._escape_load(settings, phys) < escape:
                 continue
             value = self._value(settings, loads, phys)
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
@@ -309,13 +315,17 @@ class Planner:
             cost=sum(c.cost_tokens for c in changes),
         )
 
-    def _escapable(self, settings: Sequence[Setting], phys: Physics, peak: float) -> bool:
-        """Could one server of `settings` still be restarted at the peak load? A pool that
-        cannot is stuck there under the capacity floor of `_startable`."""
+    def _escape_load(self, settings: Sequence[Setting], phys: Physics) -> float:
+        """The highest load under which one server of `settings` can still restart while the
+        others hold it (their admission limits); a pool at a load above it is stuck there
+        under the capacity floor of `_startable`. New pools must stay escapable at the load
+        the launched pool was (its limits, not its slots: a pool launched at 17 slots a
+        server and twice that in limits escapes at 68 users, not 51), or at the peak the
+        operator named (`peak_concurrency`), or at the highest load seen."""
         if len(settings) < 2:
-            return True
+            return math.inf
         limits = [self.options.overcommit * phys.depths[s.deepest].capacity for s in settings]
-        return sum(limits) - min(limits) >= peak
+        return sum(limits) - min(limits)
 
     def _startable(
         self,
