@@ -254,6 +254,20 @@ def test_by_default_the_pool_stays_reconfigurable_at_the_load_it_was_launched_fo
     assert 75 <= sum(limits) - limits[0] < 100
 
 
+def test_a_pool_on_its_way_to_its_target_is_never_stuck_half_way() -> None:
+    # Launched k3/k3/k3 (32 admitted each: a server can restart under 64 users) and already
+    # k3/k3/k7, a quiet hour's target is k0/k7/k7. Moving b1 to k7 first would leave
+    # k3/k7/k7, which no server could leave at 64 users (the others admit 52 at most): the
+    # server that makes room goes first.
+    planner, now = planner_after([(1200.0, {GREEDY: 3.0})])
+    planner.plan(now, pool(3, 3, 3), estimates())
+    plan = planner.plan(now, pool(3, 3, 7), estimates())
+    assert plan.proposed is not None
+    assert plan.proposed.settings == ("k0", "k7", "k7")
+    assert [c.server for c in plan.changes] == ["b0", "b1"]
+    assert [c.server for c in plan.start] == ["b0"]
+
+
 def test_regime_lengths_teach_the_expected_remaining_time() -> None:
     tracker = RegimeTracker(prior_s=1800.0, window_s=20.0)
     now = 0.0

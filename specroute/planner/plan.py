@@ -94,7 +94,7 @@ class Planner:
         best, gaining = self._search(servers, users, phys, now_fc, regime, loads)
         standing = self._confirm(now, best)
         if best is not None:
-            best = self._gainful_first(servers, best, loads, phys)
+            best = self._gainful_first(servers, best, loads, phys, self._escape_floor(regime))
         shown = best or gaining
         bar = self.bar
         if shown is None:
@@ -208,8 +208,7 @@ class Planner:
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
-        escape = (self._launched_escape or 0.0) if o.peak_concurrency is None else sized_for
-        escape = max(escape, regime.peak_concurrency)
+        escape = self._escape_floor(regime)
         # A restart runs under the load now while the regime lasts, and may meet the peak the
         # pool was sized for or has seen if the regime ends first: each server's loss is the
         # two weighed by the chance the regime outlasts its restart (`_outlasts`).
@@ -247,24 +246,45 @@ class Planner:
         cand: _Candidate,
         loads: Sequence[tuple[float, Mapping[str, int]]],
         phys: Physics,
+        escape: float,
     ) -> _Candidate:
-        """The target's changes ordered so the one bringing the most gain on its own (less its
-        cost) begins first: a change that only makes room (an idle server moved so the pool
-        stays escapable) never goes ahead of the one the target is for."""
+        """The target's changes in the order they begin: at each step, of the changes that
+        leave the pool reconfigurable at `escape` once made (a pool on its way to its target
+        is never stuck half-way: a server moved to make room goes first), the one bringing
+        the most gain on its own (less its cost)."""
         if len(cand.changes) < 2:
             return cand
-        current = [s.setting for s in servers]
         names = [s.name for s in servers]
-        base = self._value(current, loads, phys)
+        moved = [s.setting for s in servers]
+        base = self._value(moved, loads, phys)
 
         def alone(change: Change) -> float:
-            moved = list(current)
-            moved[names.index(change.server)] = change.after
-            gain = self._value(moved, loads, phys) - base
+            trial = [s.setting for s in servers]
+            trial[names.index(change.server)] = change.after
+            gain = self._value(trial, loads, phys) - base
             return gain * self.options.min_dwell_s - change.cost_tokens
 
-        order = sorted(cand.changes, key=alone, reverse=True)
+        left = sorted(cand.changes, key=alone, reverse=True)
+        order: list[Change] = []
+        while left:
+            nxt = left[0]
+            for change in left:
+                trial = list(moved)
+                trial[names.index(change.server)] = change.after
+                if self._escape_load(trial, phys) >= escape:
+                    nxt = change
+                    break
+            left.remove(nxt)
+            order.append(nxt)
+            moved[names.index(nxt.server)] = nxt.after
         return msgspec.structs.replace(cand, changes=tuple(order))
+
+    def _escape_floor(self, regime: Regime) -> float:
+        """The load every proposed pool, and every pool on the way to it, must stay
+        reconfigurable at (`_escape_load`)."""
+        o = self.options
+        floor = (self._launched_escape or 0.0) if o.peak_concurrency is None else o.peak_concurrency
+        return max(floor, regime.peak_concurrency)
 
     def _loss(
         self,
