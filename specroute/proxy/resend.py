@@ -64,9 +64,10 @@ class Resend:
 
     def bound(self, limits: AttemptLimits) -> AttemptLimits:
         """An attempt's limits, cut to what is left of the request's deadline."""
-        left = max(0.0, self.left_s())
+        left = self.deadline - time.perf_counter()  # `left_s`, without the call
         if limits.reply_s <= left and limits.header_s <= left:
             return limits
+        left = max(0.0, left)
         return dataclasses.replace(
             limits, header_s=min(limits.header_s, left), reply_s=min(limits.reply_s, left)
         )
