@@ -128,3 +128,31 @@ def test_a_timeout_of_the_work_itself_is_not_a_move() -> None:
 
     with pytest.raises(TimeoutError, match="the work's own"):
         asyncio.run(scenario())
+
+
+def test_a_wait_cancelled_by_its_client_while_its_backend_drains_stays_cancelled() -> None:
+    async def scenario() -> None:
+        holds = Holds()
+        holds.hold("a", "draining", time.monotonic() - 5.0)
+        waiting = asyncio.create_task(_wait_on(holds, "a", 0.0))
+        await asyncio.sleep(0)  # the watch is armed
+        waiting.cancel()  # the client left: that cancel must not turn into a move
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    asyncio.run(asyncio.wait_for(scenario(), 10.0))
+
+
+def test_after_a_move_the_task_is_not_left_cancelling_and_can_wait_again() -> None:
+    async def scenario() -> str:
+        holds = Holds()
+        holds.hold("a", "draining", time.monotonic() - 5.0)
+        watch = DrainWatch(holds, 0.0)
+        with pytest.raises(Moved):
+            await watch.wait(asyncio.Event().wait(), "a")
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0  # else a later timeout in the request misreads itself
+        return await watch.wait(asyncio.sleep(0.01, "answer"), "b")
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10.0)) == "answer"

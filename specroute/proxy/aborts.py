@@ -13,9 +13,10 @@ import msgspec
 
 from specroute.pool import StreamBroken
 
-__all__ = ["BackendAborted", "aborted"]
+__all__ = ["ABORT_MARK", "BackendAborted", "aborted"]
 
-_NEEDLE = b'"abort"'
+ABORT_MARK = b'"abort"'
+"""In every payload that `aborted` can judge an abort: without it, no decoding is needed."""
 
 
 class BackendAborted(StreamBroken):
@@ -48,7 +49,7 @@ def _is_abort(reason: str | _Reason | None) -> bool:
 
 def aborted(payload: bytes) -> bool:
     """Whether an event's payload or a whole reply says the backend aborted the request."""
-    if _NEEDLE not in payload:
+    if ABORT_MARK not in payload:
         return False
     try:
         ended = _ended.decode(payload)

@@ -6,7 +6,7 @@ starts and stops the pool's background tasks.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Annotated, Any
@@ -216,12 +216,13 @@ class ProxyApp:
         else:
             await self._dispatch(scope, receive, send)
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        """The relay's handling of a proxied route, else the framework's (a plain function
+        returning the coroutine: no frame of its own to resume on every await)."""
         route = find_route(scope["method"], scope["path"])
         if route is not None:
-            await self.relay.handle(route, scope, receive, send)
-            return
-        await self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
+            return self.relay.handle(route, scope, receive, send)
+        return self._framework(scope, receive, send)  # type: ignore[arg-type]  # ASGI types
 
 
 def create_app(config: Config) -> ProxyApp:

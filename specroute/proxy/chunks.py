@@ -4,13 +4,14 @@ the client did not is removed; every other event goes on byte for byte)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from specroute.errors import SpecrouteError, error_event
 from specroute.pool import BadReply, StreamBroken
-from specroute.proxy.aborts import aborted
+from specroute.proxy.aborts import ABORT_MARK, aborted
 from specroute.proxy.fields import Extras
 from specroute.sse import DONE, EventTooLarge, SSESplitter
 
@@ -112,15 +113,6 @@ class ReplyMeter:
             self.error = error.decode("utf-8", "replace")[:200]
 
 
-def _interesting(payload: bytes) -> bool:
-    return (
-        b'"usage"' in payload
-        or b'"sglext"' in payload
-        or b'"meta_info"' in payload
-        or b'"error"' in payload
-    )
-
-
 class EventFilter:
     """Feed upstream bytes; get back the bytes to forward (whole events only). `events`
     counts the complete events with data (comments prove nothing of the backend's progress);
@@ -133,6 +125,7 @@ class EventFilter:
         "_last",
         "_splitter",
         "_started",
+        "_take",
         "aborted",
         "chunks",
         "events",
@@ -154,6 +147,9 @@ class EventFilter:
         self.meter = ReplyMeter()
         self.saw_done = False
         self.aborted = False
+        self._take: Callable[[bytes], None] | None = None
+        """Given each whole data event relayed (not `[DONE]`, nothing from the abort on):
+        what a stream that may move keeps (`proxy.continued.Tap`)."""
 
     def feed(self, data: bytes, now: float) -> bytes:
         try:
@@ -182,10 +178,20 @@ class EventFilter:
             return True
         if payload[:1] != b"{" or payload[-1:] != b"}":  # torn or garbled: clients cannot parse it
             raise StreamBroken(f"backend sent a malformed event: {payload[:40]!r}")
-        if aborted(payload):
+        if ABORT_MARK in payload and aborted(payload):
             self.aborted = True
             return False
-        chunk = _decode(payload) if _interesting(payload) else None
+        if self._take is not None:
+            self._take(payload)
+        # Only events that may carry usage, statistics or an error are decoded (spelled out
+        # here rather than in a helper: this runs for every event).
+        interesting = (
+            b'"usage"' in payload
+            or b'"sglext"' in payload
+            or b'"meta_info"' in payload
+            or b'"error"' in payload
+        )
+        chunk = _decode(payload) if interesting else None
         if chunk is not None:
             self.meter.take(chunk)
         if chunk is None or chunk.choices or chunk.meta_info is not None:

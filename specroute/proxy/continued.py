@@ -13,7 +13,7 @@ from specroute.pool import BadReply
 from specroute.proxy.chunks import EventFilter
 from specroute.proxy.fields import Extras
 from specroute.proxy.migrate import Migration, NativeEvent
-from specroute.sse import DONE, EventTooLarge
+from specroute.sse import EventTooLarge
 
 __all__ = ["Continued", "Tap"]
 
@@ -35,12 +35,7 @@ class Tap(EventFilter):
     ) -> None:
         super().__init__(extras, started, max_event_bytes)
         self.migration = migration
-
-    def _keep(self, payload: bytes | None, now: float) -> bool:
-        keep = super()._keep(payload, now)
-        if payload is not None and payload != DONE and not self.aborted:
-            self.migration.take(payload)
-        return keep
+        self._take = migration.take
 
 
 class Continued(Tap):

@@ -8,6 +8,7 @@ import time
 
 import structlog
 
+from specroute.lanes import LANES
 from specroute.policies import Decision, Outcome, Policy, RouteRequest
 from specroute.pool import Lease, UpstreamFailure
 from specroute.proxy.intake import Send
@@ -22,6 +23,8 @@ from specroute.proxy.resend import Resend
 __all__ = ["Exchange"]
 
 log = structlog.get_logger()
+
+_LANE_BYTES: dict[str, bytes] = {lane: lane.encode() for lane in LANES}
 
 
 class Exchange:
@@ -43,6 +46,7 @@ class Exchange:
         self.attempts = 0
         self.attempt_started = self.started
         self.admitted: float | None = None  # when the first attempt began
+        self.ended: float | None = None  # when the reply ended (`finish`)
         self.failure: tuple[str, UpstreamFailure] | None = None  # the last attempt's, by backend
         self.reply = Reply(send, self.started)
         self.migration: Migration | None = None  # a stream that may move if its backend fails
@@ -51,26 +55,31 @@ class Exchange:
     def begin_attempt(self, lease: Lease, decision: Decision) -> None:
         self.attempts += 1
         self.decision = decision
+        now = time.perf_counter()
         if self.admitted is None:
-            self.admitted = time.perf_counter()
+            self.admitted = now
         self.backend = lease.backend.name
         self.steps = lease.backend.steps
-        self.attempt_started = time.perf_counter()
+        self.attempt_started = now
         self.reply.new_attempt()
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """What every proxied reply says about its routing."""
-        headers = [
-            (b"x-specroute-policy", self.policy.name.encode()),
-            (b"x-request-id", self.request_id.encode()),
+        policy = (b"x-specroute-policy", self.policy.name.encode())
+        request_id = (b"x-request-id", self.request_id.encode())
+        if self.request is None:
+            return [policy, request_id]
+        lane = (LANE_HEADER, _LANE_BYTES[self.request.lane])
+        if self.backend is None:
+            return [policy, request_id, lane]
+        steps = b"" if self.steps is None else str(self.steps).encode()
+        return [
+            policy,
+            request_id,
+            lane,
+            (b"x-specroute-backend", self.backend.encode()),
+            (b"x-specroute-steps", steps),
         ]
-        if self.request is not None:
-            headers.append((LANE_HEADER, self.request.lane.encode()))
-        if self.backend is not None:
-            headers.append((b"x-specroute-backend", self.backend.encode()))
-            steps = "" if self.steps is None else str(self.steps)
-            headers.append((b"x-specroute-steps", steps.encode()))
-        return headers
 
     def outcome(self, lease: Lease, status: int, error: str | None) -> Outcome:
         """The attempt on `lease`'s backend as the estimators and the policy learn it."""
@@ -126,7 +135,7 @@ class Exchange:
             return
         stream = self.reply.stream
         ttft = stream.ttft if stream is not None else None
-        end = time.perf_counter() - self.started
+        end = (self.ended or time.perf_counter()) - self.started
         tokens = self.reply.measured.completion_tokens
         lanes.observe(
             self.request.lane, self.admitted - self.started, decode_speed(tokens, ttft, end)
@@ -134,7 +143,8 @@ class Exchange:
 
     def finish(self, metrics: ProxyMetrics, request_log: RequestLogSampler) -> None:
         """The metrics of this request, and its one log line if `request_log` keeps it."""
-        duration = time.perf_counter() - self.started
+        self.ended = time.perf_counter()
+        duration = self.ended - self.started
         reply, request = self.reply, self.request
         backend = self.backend or "-"
         steps = "" if self.steps is None else str(self.steps)

@@ -96,6 +96,7 @@ class Intake:
         self._on_ignored = on_ignored
         self._classes: set[str] = set()
         self._lanes = LaneResolver(config.lanes, auth)
+        self._lane_target = config.lanes.target
 
     async def read(self, route: str, scope: Scope, receive: Receive, hold: BodyHold) -> Incoming:
         """The request on `route`, its body's bytes reserved in `hold`: a 4xx error if it is
@@ -112,15 +113,16 @@ class Intake:
         forwarded, extras = upstream_body(body, fields, config.learn)
         named = fields if model in (None, given) else msgspec.structs.replace(fields, model=model)
         continues = fields.previous_response_id if isinstance(fields, ResponsesFields) else None
-        lane = self._lanes.resolve(
-            header(scope, b"authorization"),
-            header(scope, LANE_HEADER),
-            getattr(fields, "service_tier", None),
-        )
-        priority = getattr(fields, "priority", msgspec.UNSET)
+        lanes = self._lanes
+        named_lane = header(scope, LANE_HEADER)
+        # The key is read only when it can decide the lane: a lane header to trust, or keys
+        # with lanes of their own.
+        key = header(scope, b"authorization") if named_lane or lanes.keyed else None
+        lane = lanes.resolve(key, named_lane, getattr(fields, "service_tier", None))
         if config.lanes.engine_priority and not isinstance(fields, ForwardFields):
+            priority = getattr(fields, "priority", msgspec.UNSET)
             forwarded = with_priority(forwarded, priority, config.lanes.priority(lane))
-        request = route_request(route, named, klass, lane, config.lanes.target)
+        request = route_request(route, named, klass, lane, self._lane_target)
         return Incoming(request, forwarded, extras, continues)
 
     def _served_model(self, model: str | None) -> str | None:
@@ -312,11 +314,11 @@ def disconnect_signal(scope: Scope) -> DisconnectSignal | None:
 
 
 def watch_disconnect(
-    scope: Scope, receive: Receive, on_gone: Callable[[], None]
+    signal: DisconnectSignal | None, receive: Receive, on_gone: Callable[[], None]
 ) -> Callable[[], object]:
     """Call `on_gone` the moment the client's connection drops (ClientGone if it already
-    has); returns the function that stops watching."""
-    signal = disconnect_signal(scope)
+    has): told by the request's `signal` (`disconnect_signal`), else by `receive`; returns the
+    function that stops watching."""
     if signal is None:
         return asyncio.create_task(_wait_disconnect(receive, on_gone)).cancel
     if signal.fired:

@@ -41,8 +41,10 @@ class KeylessGate:
         """Whether the request is keyless work the gate counts: not keyed, and not a probe (under
         another server, which did not say, a request counts as keyed). The app asks first, so
         that a keyed request goes on with no layer between."""
-        extensions = scope.get("extensions") or {}
-        return not extensions.get(KEYED, True) and scope["path"] not in _PROBES
+        extensions = scope.get("extensions")
+        if not extensions or KEYED not in extensions or extensions[KEYED]:
+            return False
+        return scope["path"] not in _PROBES
 
     async def run(self, scope: _Scope, send: _Send, call: _Call) -> None:
         """`call()` for this request, unless it is keyless and the keyless are at the limit."""

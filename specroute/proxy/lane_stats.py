@@ -106,7 +106,8 @@ class LaneStats:
         totals = self._lanes[lane]
         totals.requests += 1
         totals.wait_sum += wait_s
-        totals.max_wait = max(totals.max_wait, wait_s)
+        if wait_s > totals.max_wait:
+            totals.max_wait = wait_s
         totals.waits.append(wait_s)
         self.wait.observe((lane,), wait_s)
         if speed is None:
@@ -116,7 +117,7 @@ class LaneStats:
         totals.speeds.append(speed)
         totals.speed_n += 1
         totals.speed_sum += speed
-        met = speed >= self.target(lane)
+        met = speed >= (self.target_tok_s if lane == INTERACTIVE else 0.0)  # `target`
         totals.met += met
         totals.missed += not met
         self.requests.inc((lane, "met" if met else "missed"))

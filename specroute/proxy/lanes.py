@@ -24,17 +24,22 @@ class LaneResolver:
     """Picks each request's lane (`specroute.lanes.lane_of`): the header only from a key that
     may name its class, as `x-specroute-class`; a key's configured lane; `service_tier`."""
 
-    __slots__ = ("_auth", "_batch", "_interactive", "config")
+    __slots__ = ("_auth", "_batch", "_interactive", "config", "keyed")
 
     def __init__(self, config: LanesConfig, auth: Auth) -> None:
         self.config = config
         self._auth = auth
         self._interactive = tuple(k.encode() for k in config.interactive_keys)
         self._batch = tuple(k.encode() for k in config.batch_keys)
+        self.keyed = bool(self._interactive or self._batch)
+        """Whether some keys have a lane of their own (else the key matters only to trust
+        a lane header)."""
 
     def resolve(
         self, authorization: bytes | None, lane_header: bytes | None, tier: str | None
     ) -> Lane:
+        if lane_header is None and tier is None and not self.keyed:
+            return self.config.default  # what `lane_of` answers when nothing names a lane
         trusted = lane_header is not None and self._auth.may_name_class(authorization)
         return lane_of(
             self.config,
@@ -45,7 +50,7 @@ class LaneResolver:
         )
 
     def _key_lane(self, authorization: bytes | None) -> Lane | None:
-        if not (self._interactive or self._batch):
+        if not self.keyed:
             return None
         token = bearer(authorization)
         if token is None:

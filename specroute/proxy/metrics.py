@@ -1,20 +1,28 @@
 """The proxy's Prometheus metrics (`specroute_` names) in one `prometheus_client` registry per
-app: counters and histograms recorded per request, gauges read from the pool when scraped.
+app: counters and histograms recorded per request as plain numbers and turned into Prometheus
+families when scraped, gauges read from the pool when scraped.
 
 Multiprocess: the registry belongs to this process. With several workers each would serve its
-own numbers; the path then is `prometheus_client.multiprocess` (a `PROMETHEUS_MULTIPROC_DIR`
-and a `MultiProcessCollector` at scrape time, as SGLang does), with the scrape-time gauges below
-still read per process.
+own numbers; the path then is to merge the workers' families at scrape time (as
+`prometheus_client.multiprocess` does for SGLang), with the scrape-time gauges below still read
+per process.
 """
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import prometheus_client as prom
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 from specroute.pool.holds import BACKEND_STATES
 from specroute.prometheus import exposition
@@ -50,34 +58,39 @@ LATENCY_BUCKETS = (
 
 
 class Counter:
-    """A labelled `prometheus_client` counter taking label tuples; each label set's child is
-    looked up once, then cached, so a request pays one dict lookup and one increment."""
+    """A labelled counter taking label tuples, kept as plain numbers and turned into its
+    Prometheus family when scraped: a request pays one dict lookup and one addition (a
+    `prometheus_client` child's `inc` is five Python calls and a lock)."""
 
     def __init__(self, registry: CollectorRegistry, name: str, doc: str, labels: Labels) -> None:
-        self.name, self.label_names = name, labels
-        self._metric = prom.Counter(name, doc, labels, registry=registry)
-        self._children: dict[Labels, prom.Counter] = {}
+        self.name, self.label_names, self._doc = name, labels, doc
+        self._counts: dict[Labels, float] = {}
+        registry.register(self)
 
     def inc(self, labels: Labels, amount: float = 1.0) -> None:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        child.inc(amount)
+        if amount < 0:
+            raise ValueError("counters can only be incremented by non-negative amounts")
+        counts = self._counts
+        counts[labels] = counts.get(labels, 0.0) + amount
 
     @property
     def values(self) -> dict[Labels, float]:
-        """Each label set's count, read through the library's collection (the dashboard's)."""
-        names = self.label_names
-        return {
-            tuple(s.labels[n] for n in names): s.value
-            for family in self._metric.collect()
-            for s in family.samples
-            if s.name.endswith("_total")
-        }
+        """Each label set's count (the dashboard's)."""
+        return dict(self._counts)
+
+    def describe(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self.name, self._doc, labels=self.label_names)
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(self.name, self._doc, labels=self.label_names)
+        for labels, value in self._counts.items():
+            family.add_metric(labels, value)
+        yield family
 
 
 class Histogram:
-    """A labelled `prometheus_client` histogram taking label tuples, children cached."""
+    """A labelled histogram taking label tuples, kept as plain bucket counts (found by
+    bisection) and turned into its Prometheus family when scraped."""
 
     def __init__(
         self,
@@ -87,15 +100,32 @@ class Histogram:
         labels: Labels,
         buckets: tuple[float, ...] = LATENCY_BUCKETS,
     ) -> None:
-        self.name, self.label_names = name, labels
-        self._metric = prom.Histogram(name, doc, labels, registry=registry, buckets=buckets)
-        self._children: dict[Labels, prom.Histogram] = {}
+        self.name, self.label_names, self._doc = name, labels, doc
+        self._bounds = tuple(sorted(buckets))
+        # The bucket labels as `prometheus_client` writes them (its helper is untyped).
+        les = [floatToGoString(b) for b in self._bounds]  # type: ignore[no-untyped-call]
+        self._les = [*les, "+Inf"]
+        # Per label set: the count in each bucket (not cumulative; the last is +Inf's), then
+        # the sum of the values observed.
+        self._counts: dict[Labels, list[float]] = {}
+        registry.register(self)
 
     def observe(self, labels: Labels, value: float) -> None:
-        child = self._children.get(labels)
-        if child is None:
-            child = self._children[labels] = self._metric.labels(*labels)
-        child.observe(value)
+        counts = self._counts.get(labels)
+        if counts is None:
+            counts = self._counts[labels] = [0.0] * (len(self._bounds) + 2)
+        counts[bisect_left(self._bounds, value)] += 1  # the first bound >= value
+        counts[-1] += value
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self._doc, labels=self.label_names)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self._doc, labels=self.label_names)
+        for labels, counts in self._counts.items():
+            cumulative = list(itertools.accumulate(counts[:-1]))
+            family.add_metric(labels, list(zip(self._les, cumulative, strict=True)), counts[-1])
+        yield family
 
 
 class ProxyMetrics:

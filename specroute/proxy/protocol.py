@@ -221,7 +221,13 @@ class LimitedProtocol(HttpToolsProtocol):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4, 1)
+        # `_count`, spelled out: this runs for every header of every request.
+        self._head_bytes += len(name) + len(value) + 4
+        self._head_count += 1
+        limits = self.limits
+        if self._head_bytes > limits.max_header_bytes or self._head_count > limits.max_headers:
+            self._reject(self._headers_too_large())
+            raise _HeadersRejected
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:

@@ -131,7 +131,7 @@ class Relay:
             if route.kind == STORED_RESPONSE:
                 incoming = incoming._replace(continues=stored_response_id(ex.method, ex.path))
             ex.arrive(incoming.request, state.lanes)
-            stop_watching = watch_disconnect(scope, receive, partial(_client_left, task, reply))
+            stop_watching = watch_disconnect(signal, receive, partial(_client_left, task, reply))
             await self._forward(ex, incoming)
         except SpecrouteError as exc:
             await reply.send_error(exc, ex.headers())

@@ -25,7 +25,7 @@ from specroute.pool import (
     UpstreamFailure,
     UpstreamResponse,
 )
-from specroute.proxy.aborts import BackendAborted, aborted
+from specroute.proxy.aborts import ABORT_MARK, BackendAborted, aborted
 from specroute.proxy.bodies import BODY_MEMORY_FULL
 from specroute.proxy.chunks import EventFilter, ReplyMeter, strip_reply
 from specroute.proxy.fields import Extras
@@ -115,7 +115,8 @@ class Reply:
         or completions 200 must be JSON (else BadReply); a route with its own format is
         measured by `measure`."""
         body = await upstream.read(within_s, max_bytes)
-        if upstream.status == 200 and aborted(body):  # nothing sent yet: it can go again
+        # An abort with nothing sent yet: the request can go again.
+        if upstream.status == 200 and ABORT_MARK in body and aborted(body):
             raise BackendAborted("the backend aborted the request (finish_reason abort)")
         if measure is None:
             body = strip_reply(body, extras, self.meter, upstream.status == 200)

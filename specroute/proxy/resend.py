@@ -25,7 +25,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -64,9 +64,10 @@ class Resend:
 
     def bound(self, limits: AttemptLimits) -> AttemptLimits:
         """An attempt's limits, cut to what is left of the request's deadline."""
-        left = max(0.0, self.left_s())
+        left = self.deadline - time.perf_counter()  # `left_s`, without the call
         if limits.reply_s <= left and limits.header_s <= left:
             return limits
+        left = max(0.0, left)
         return dataclasses.replace(
             limits, header_s=min(limits.header_s, left), reply_s=min(limits.reply_s, left)
         )
@@ -147,42 +148,49 @@ class DrainWatch:
     """Ends the wait of a non-streamed request on a backend that has been draining for
     `after_s` seconds (`Moved`; the connection closes, so the backend drops the request).
     One timer for all the waits, every `_POLL_S` while there are any: a wait costs a dict
-    entry and an `asyncio.timeout`, and moves at most `_POLL_S` after the drain's deadline."""
+    entry (the waiting task, cancelled when its backend drains past the deadline), and moves
+    at most `_POLL_S` after the drain's deadline."""
 
     def __init__(self, holds: Holds, after_s: float) -> None:
         self._holds = holds
         self._after_s = after_s
-        self._waits: dict[asyncio.Timeout, str] = {}
+        self._waits: dict[asyncio.Task[Any], str] = {}
+        self._moving: set[asyncio.Task[Any]] = set()  # cancelled by `_look`, not yet raised
         self._timer: asyncio.TimerHandle | None = None
 
     async def wait(self, work: Awaitable[T], name: str) -> T:
         """`work`, a wait on backend `name`, unless the backend drains past the deadline."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._waits[task] = name
+        if self._timer is None:
+            self._timer = task.get_loop().call_later(_POLL_S, self._look)
         try:
-            async with asyncio.timeout(None) as timeout:
-                self._waits[timeout] = name
-                if self._timer is None:
-                    self._timer = asyncio.get_running_loop().call_later(_POLL_S, self._look)
-                try:
-                    return await work
-                finally:
-                    del self._waits[timeout]
-        except TimeoutError as exc:
-            if timeout.expired():
-                message = "the backend is draining: the request moves to another backend"
-                raise Moved(message) from exc
-            raise
+            return await work
+        except asyncio.CancelledError as exc:
+            if task not in self._moving:
+                raise
+            self._moving.discard(task)
+            if task.uncancel() > 0:  # cancelled for another reason too: that one wins
+                raise
+            message = "the backend is draining: the request moves to another backend"
+            raise Moved(message) from exc
+        finally:
+            del self._waits[task]
+            if task in self._moving:  # cancelled after its work ended: the cancel is spent
+                self._moving.discard(task)
 
     def _look(self) -> None:
         """End the waits on backends drained past the deadline; look again while any wait."""
         self._timer = None
         if not self._waits:
             return
-        loop = asyncio.get_running_loop()
         now = time.monotonic()
-        for timeout, name in self._waits.items():
+        for task, name in self._waits.items():
             held = self._holds.get(name)
-            if held is None or held.state != "draining" or timeout.when() is not None:
+            if held is None or held.state != "draining" or task in self._moving:
                 continue
             if now - held.since >= self._after_s:
-                timeout.reschedule(loop.time())
-        self._timer = loop.call_later(_POLL_S, self._look)
+                self._moving.add(task)
+                task.cancel()
+        self._timer = asyncio.get_running_loop().call_later(_POLL_S, self._look)
