@@ -399,6 +399,19 @@ def test_a_regime_is_expected_to_last_as_regimes_of_its_load_did() -> None:
     assert planner.regimes.view(now).expected_remaining_s > 300.0
 
 
+def test_a_few_users_drawing_another_class_for_a_while_are_no_new_regime() -> None:
+    # Two greedy users for twenty minutes, then for a minute and a half one of them runs a
+    # sampled request: the window's mix is half sampled, which among two users is chance, not
+    # a new regime, and the regime's mix is what it has been since it began.
+    planner, now = planner_after([(1200.0, {GREEDY: 2.0}), (90.0, {GREEDY: 1.0, SAMPLED: 1.0})])
+    regime = planner.regimes.view(now)
+    assert regime.regimes_seen == 0
+    assert regime.shares[SAMPLED] < 0.1
+    # At 24 users the same swing of the mix is a new regime.
+    crowd, now = planner_after([(1200.0, {GREEDY: 24.0}), (90.0, {GREEDY: 12.0, SAMPLED: 12.0})])
+    assert crowd.regimes.view(now).regimes_seen == 1
+
+
 def test_a_change_in_a_young_lull_is_charged_its_restart_at_the_peak() -> None:
     # Two and a half minutes into a quiet greedy regime, in a pool sized for 60 users, the
     # regime may well end before a restart is done: the server it takes away is charged much

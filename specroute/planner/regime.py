@@ -74,25 +74,44 @@ class RegimeTracker:
         self._moved = 0.0
         self._ref_level = 0.0
         self._ref_shares: dict[str, float] = {}
+        self._mix: dict[str, float] = {}
+        """Requests in flight per class, summed over the samples since the reference last moved
+        (seeded with the window's): the class mix the regime has had, steadier than a window's
+        at a few users."""
 
     def observe(self, now: float, by_class: Mapping[str, float]) -> None:
         """One sample of the requests in flight or queued, per workload class."""
-        self._slide(now, by_class)
+        sample = self._slide(now, by_class)
         if self._start is None:
             self._start = self._moved = now
-            self._ref_level, self._ref_shares = self.level, dict(self.shares)
+            self._rebase()
             return
+        for c, n in sample.items():
+            self._mix[c] = self._mix.get(c, 0.0) + n
         self.peak = max(self.peak, self.level)
         if self._left():
             if now - self._moved >= self.window_s:
                 self.durations.append(now - self._start)
                 self.past.append(Past(duration_s=now - self._start, concurrency=self._ref_level,
-                                      shares=dict(self._ref_shares)))  # fmt: skip
+                                      shares=self.mix))  # fmt: skip
                 self._start = now
             self._moved = now
-            self._ref_level, self._ref_shares = self.level, dict(self.shares)
+            self._rebase()
 
-    def _slide(self, now: float, by_class: Mapping[str, float]) -> None:
+    def _rebase(self) -> None:
+        """The reference moves to the load now: the band, and the mix from the window's."""
+        self._ref_level, self._ref_shares = self.level, dict(self.shares)
+        self._mix = {c: n for c, n in self._sums.items() if n > 1e-9}
+
+    @property
+    def mix(self) -> dict[str, float]:
+        """The class shares since the reference last moved (`_mix`), else the window's."""
+        total = sum(self._mix.values())
+        if total <= 1e-9:
+            return dict(self.shares)
+        return {c: n / total for c, n in self._mix.items() if n > 1e-9}
+
+    def _slide(self, now: float, by_class: Mapping[str, float]) -> dict[str, float]:
         """Add the sample, drop those older than the window, refresh level and shares."""
         sample = {c: float(n) for c, n in by_class.items() if n > 0}
         self.latest = sum(sample.values())
@@ -106,6 +125,7 @@ class RegimeTracker:
         self.level = total / len(self._samples)
         if total > 1e-9:
             self.shares = {c: n / total for c, n in self._sums.items() if n > 1e-9}
+        return sample
 
     def _outside(self, level: float, ref: float) -> bool:
         ratio = (level + _SMALL) / (ref + _SMALL)
@@ -117,12 +137,15 @@ class RegimeTracker:
     def _differ(
         self, level: float, shares: Mapping[str, float], ref: float, ref_shares: Mapping[str, float]
     ) -> bool:
-        """Two loads are different regimes: concurrency out of band, or the mix moved."""
+        """Two loads are different regimes: concurrency out of band, or the mix moved. A
+        mix among a few requests moves by chance (two users are half sampled whenever one
+        is): the shift counts `n / (n + 2)` of itself at the smaller load `n`, as levels do."""
         if self._outside(level, ref):
             return True
         keys = set(shares) | set(ref_shares)
         shift = 0.5 * sum(abs(shares.get(c, 0.0) - ref_shares.get(c, 0.0)) for c in keys)
-        return shift > self.mix_shift
+        few = min(level, ref)
+        return shift * few / (few + _SMALL) > self.mix_shift
 
     def expected_remaining(self, now: float) -> float:
         """Mean residual life of the current regime at its age, learned with a prior: as long
@@ -143,7 +166,7 @@ class RegimeTracker:
     def _alike(self, past: Past) -> bool:
         """Was `past` a regime of the current one's load and mix? Their lengths teach how
         long this one lasts (a quiet spell between long busy ones is itself short)."""
-        return not self._differ(past.concurrency, past.shares, self._ref_level, self._ref_shares)
+        return not self._differ(past.concurrency, past.shares, self._ref_level, self.mix)
 
     def mixture(self, now: float, horizon_s: float) -> list[tuple[float, Past]]:
         """The load over the next `horizon_s`, as weights on regimes: the current one for as
@@ -151,7 +174,7 @@ class RegimeTracker:
         lately (the latest ones covering twice the horizon) in proportion to how long each
         lasted. Weights sum to less than 1 when no regime has ended yet: the rest of the
         horizon is unknown."""
-        current = Past(duration_s=0.0, concurrency=self.level, shares=dict(self.shares))
+        current = Past(duration_s=0.0, concurrency=self.level, shares=self.mix)
         stay = min(1.0, self.expected_remaining(now) / horizon_s) if horizon_s > 0 else 1.0
         recent: list[Past] = []
         for past in reversed(self.past):
@@ -166,7 +189,7 @@ class RegimeTracker:
     def view(self, now: float) -> Regime:
         return Regime(
             concurrency=self.level,
-            shares=dict(sorted(self.shares.items())),
+            shares=dict(sorted(self.mix.items())),
             started_at=now if self._start is None else self._start,
             elapsed_s=0.0 if self._start is None else now - self._start,
             expected_remaining_s=self.expected_remaining(now),
