@@ -49,10 +49,12 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     overcommit: float = 2.0
     """A server's admission limit as a multiple of its capacity, when it did not say."""
     peak_concurrency: float | None = None
-    """Load the pool must stay reconfigurable under: a pool all deep would be stuck there,
-    since no server could restart while the others hold that load. None: the slots of the
-    pool as the planner first saw it (what the operator launched, sized for the peak) or the
-    highest load seen, whichever is more."""
+    """The peak load: restarts are charged at it when their regime may end first, and every
+    proposed pool must stay reconfigurable under it (a pool all deep would be stuck there,
+    since no server could restart while the others hold that load). None: for the charge,
+    the slots of the pool as the planner first saw it (what the operator launched); for
+    reconfigurability, every load that launched pool could restart a server under (its
+    admission limits less its largest server's); either way the highest load seen if more."""
     regime_prior_s: float = 1800.0
     """The operator's prior for how long a load regime lasts, before any has been seen."""
     regime_prior_weight: float = 1.0

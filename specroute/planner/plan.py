@@ -91,10 +91,11 @@ class Planner:
                         current=now_fc)  # fmt: skip
         horizon = self.horizon(servers, regime)
         loads = self._loads(now, horizon, users)
-        best, gaining = self._search(servers, users, phys, now_fc, regime, loads)
+        escape = self._escape_floor(regime)
+        best, gaining = self._search(servers, users, phys, now_fc, regime, loads, escape)
         standing = self._confirm(now, best)
         if best is not None:
-            best = self._gainful_first(servers, best, loads, phys, self._escape_floor(regime))
+            best = self._gainful_first(servers, best, loads, phys, escape)
         shown = best or gaining
         bar = self.bar
         if shown is None:
@@ -198,6 +199,7 @@ class Planner:
         now_fc: Forecast,
         regime: Regime,
         loads: Sequence[tuple[float, Mapping[str, int]]],
+        escape: float,
     ) -> tuple[_Candidate | None, _Candidate | None]:
         """(best paying candidate, best one that gains at all) over every multiset of settings,
         each valued over the horizon's loads."""
@@ -208,7 +210,6 @@ class Planner:
         choices = [c for c in self.choices if c.deepest in phys.depths]
         sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         peak = max(sized_for, regime.peak_concurrency)
-        escape = self._escape_floor(regime)
         # A restart runs under the load now while the regime lasts, and may meet the peak the
         # pool was sized for or has seen if the regime ends first: each server's loss is the
         # two weighed by the chance the regime outlasts its restart (`_outlasts`).

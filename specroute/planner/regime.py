@@ -61,7 +61,6 @@ class RegimeTracker:
         self.window_s = window_s
         self.prior_s = prior_s
         self.prior_weight = prior_weight
-        self.durations: deque[float] = deque(maxlen=history)
         self.past: deque[Past] = deque(maxlen=history)
         """The regimes that ended, latest last: the load the pool has actually seen."""
         self.level = 0.0
@@ -79,6 +78,11 @@ class RegimeTracker:
         (seeded with the window's): the class mix the regime has had, steadier than a window's
         at a few users."""
 
+    @property
+    def durations(self) -> list[float]:
+        """How long each regime that ended lasted, latest last."""
+        return [p.duration_s for p in self.past]
+
     def observe(self, now: float, by_class: Mapping[str, float]) -> None:
         """One sample of the requests in flight or queued, per workload class."""
         sample = self._slide(now, by_class)
@@ -91,7 +95,6 @@ class RegimeTracker:
         self.peak = max(self.peak, self.level)
         if self._left():
             if now - self._moved >= self.window_s:
-                self.durations.append(now - self._start)
                 self.past.append(Past(duration_s=now - self._start, concurrency=self._ref_level,
                                       shares=self.mix))  # fmt: skip
                 self._start = now
@@ -156,7 +159,7 @@ class RegimeTracker:
         age = now - (self._start if self._start is not None else now)
         again = min(self.prior_s, max(age, self.window_s))
         alike = [p.duration_s for p in self.past if self._alike(p)]
-        durations = alike or list(self.durations)
+        durations = alike or self.durations
         if not durations:
             return again
         residuals = [d - age for d in durations if d > age]
@@ -193,7 +196,7 @@ class RegimeTracker:
             started_at=now if self._start is None else self._start,
             elapsed_s=0.0 if self._start is None else now - self._start,
             expected_remaining_s=self.expected_remaining(now),
-            regimes_seen=len(self.durations),
+            regimes_seen=len(self.past),
             peak_concurrency=self.peak,
             steady=now - self._moved >= self.window_s
             and not self._outside(self.latest, self.level),
