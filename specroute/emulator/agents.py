@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
+from litestar.di import NamedDependency
 
 from specroute.emulator import messages_api, responses_api
 from specroute.emulator.admission import Rejected, chat_plan
@@ -27,7 +28,7 @@ from specroute.emulator.runtime import FAILED, NOT_JSON, Emulator
 from specroute.emulator.text import chat_prompt_tokens
 from specroute.emulator.wire import ChatMessage, encode
 
-__all__ = ["AgentApis"]
+__all__ = ["AgentApis", "InjectedAgents"]
 
 
 def _json(body: bytes, status: int = 200) -> Response[bytes]:
@@ -158,3 +159,7 @@ async def _after(
         yield chunk
     if done:
         keep(done[0])
+
+
+InjectedAgents = NamedDependency[AgentApis]
+"""A route handler's `agents` parameter, injected by name."""

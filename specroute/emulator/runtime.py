@@ -19,6 +19,7 @@ import msgspec
 import structlog
 from litestar import Litestar, Request, Response
 from litestar.background_tasks import BackgroundTask
+from litestar.di import NamedDependency
 from litestar.response import Stream
 from litestar.types import Receive
 
@@ -41,7 +42,7 @@ from specroute.emulator.wire import (
     encode,
 )
 
-__all__ = ["Emulator", "json_response", "openai_error"]
+__all__ = ["Emulator", "InjectedEmulator", "json_response", "openai_error"]
 
 log = structlog.get_logger()
 
@@ -294,3 +295,8 @@ async def _finished_or_gone(job_finished: Awaitable[bool], receive: Receive) -> 
     finally:
         finished.cancel()
         watcher.cancel()
+
+
+InjectedEmulator = NamedDependency[Emulator]
+"""A route handler's `emu` parameter: the app's `Emulator`, injected by name (Litestar 3 drops
+inferred dependencies)."""

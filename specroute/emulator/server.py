@@ -16,10 +16,10 @@ from litestar import Controller, Litestar, Request, Response, get, post, route
 from litestar.di import Provide
 
 from specroute.emulator import info, ollama, tokenizer_api
-from specroute.emulator.agents import AgentApis
+from specroute.emulator.agents import AgentApis, InjectedAgents
 from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import EmulatorOptions
-from specroute.emulator.runtime import Emulator, json_response, openai_error
+from specroute.emulator.runtime import Emulator, InjectedEmulator, json_response, openai_error
 from specroute.emulator.wire import ErrorResponse
 from specroute.prometheus import CONTENT_TYPE
 from specroute.raw_path import path_after
@@ -51,15 +51,19 @@ class GenerationRoutes(Controller):
     """`/v1/chat/completions`, `/v1/completions` and SGLang's native `/generate`."""
 
     @post("/v1/chat/completions", status_code=200)
-    async def chat(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+    async def chat(self, request: Request[Any, Any, Any], emu: InjectedEmulator) -> Response[Any]:
         return await emu.chat(request)
 
     @post("/v1/completions", status_code=200)
-    async def completions(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+    async def completions(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[Any]:
         return await emu.completions(request)
 
     @route("/generate", http_method=["POST", "PUT"], status_code=200)
-    async def generate(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+    async def generate(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[Any]:
         return await emu.generate(request)
 
 
@@ -68,25 +72,27 @@ class AgentRoutes(Controller):
 
     @post("/v1/responses", status_code=200)
     async def create_response(
-        self, request: Request[Any, Any, Any], agents: AgentApis
+        self, request: Request[Any, Any, Any], agents: InjectedAgents
     ) -> Response[Any]:
         return await agents.create_response(request)
 
     @get("/v1/responses/{response_id:str}", sync_to_thread=False)
-    def retrieve_response(self, agents: AgentApis, response_id: str) -> Response[bytes]:
+    def retrieve_response(self, agents: InjectedAgents, response_id: str) -> Response[bytes]:
         return agents.retrieve_response(response_id)
 
     @post("/v1/responses/{response_id:str}/cancel", status_code=200, sync_to_thread=False)
-    def cancel_response(self, agents: AgentApis, response_id: str) -> Response[bytes]:
+    def cancel_response(self, agents: InjectedAgents, response_id: str) -> Response[bytes]:
         return agents.cancel_response(response_id)
 
     @post("/v1/messages", status_code=200)
-    async def messages(self, request: Request[Any, Any, Any], agents: AgentApis) -> Response[Any]:
+    async def messages(
+        self, request: Request[Any, Any, Any], agents: InjectedAgents
+    ) -> Response[Any]:
         return await agents.messages(request)
 
     @post("/v1/messages/count_tokens", status_code=200)
     async def count_tokens(
-        self, request: Request[Any, Any, Any], agents: AgentApis
+        self, request: Request[Any, Any, Any], agents: InjectedAgents
     ) -> Response[bytes]:
         return await agents.count_tokens(request)
 
@@ -95,7 +101,9 @@ class SideRoutes(Controller):
     """Tokenizer routes and Ollama's API (`tokenizer_api`, `ollama`)."""
 
     @post(["/v1/tokenize", "/tokenize"], status_code=200)
-    async def tokenize(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[bytes]:
+    async def tokenize(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[bytes]:
         try:
             req = msgspec.json.decode(await request.body(), type=tokenizer_api.TokenizeRequest)
         except msgspec.DecodeError as exc:
@@ -123,7 +131,7 @@ class SideRoutes(Controller):
 
     @post(["/api/chat", "/api/generate"], status_code=200)
     async def ollama_generation(
-        self, request: Request[Any, Any, Any], emu: Emulator
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
     ) -> Response[Any]:
         chat = request.url.path == "/api/chat"
         kind: type[ollama.OllamaChat | ollama.OllamaGenerate] = (
@@ -142,11 +150,13 @@ class SideRoutes(Controller):
         return await emu.answer(request, job, lambda: ollama.chat_line(reply, chat))
 
     @get("/api/tags", sync_to_thread=False)
-    def ollama_tags(self, emu: Emulator) -> Response[bytes]:
+    def ollama_tags(self, emu: InjectedEmulator) -> Response[bytes]:
         return json_response(ollama.tags(emu.served))
 
     @post("/api/show", status_code=200)
-    async def ollama_show(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[bytes]:
+    async def ollama_show(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[bytes]:
         try:
             req = msgspec.json.decode(await request.body(), type=ollama.ShowRequest)
         except msgspec.DecodeError as exc:
@@ -158,13 +168,13 @@ class InfoRoutes(Controller):
     """What the server says about itself: models, arguments, load and Prometheus metrics."""
 
     @get("/v1/models")
-    async def models(self, emu: Emulator) -> Response[bytes]:
+    async def models(self, emu: InjectedEmulator) -> Response[bytes]:
         card = info.model_card(emu.served, emu.context_length)
         return json_response({"object": "list", "data": [card]})
 
     @get("/v1/models/{model:path}")
     async def model(
-        self, request: Request[Any, Any, Any], emu: Emulator, model: str
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator, model: str
     ) -> Response[bytes]:
         name = path_after(request.scope, "/v1/models/") or model.lstrip("/")
         if name != emu.served:
@@ -178,11 +188,11 @@ class InfoRoutes(Controller):
         return json_response(info.model_card(name, emu.context_length))
 
     @get(["/model_info", "/get_model_info"])
-    async def model_info(self, emu: Emulator) -> Response[bytes]:
+    async def model_info(self, emu: InjectedEmulator) -> Response[bytes]:
         return json_response(info.model_info(emu.options))
 
     @get(["/server_info", "/get_server_info"])
-    async def server_info(self, emu: Emulator) -> Response[bytes]:
+    async def server_info(self, emu: InjectedEmulator) -> Response[bytes]:
         body = info.server_info(
             emu.options,
             emu.engine,
@@ -194,7 +204,7 @@ class InfoRoutes(Controller):
 
     @get("/v1/loads")
     async def loads(
-        self, emu: Emulator, include: str | None = None, format: str | None = None
+        self, emu: InjectedEmulator, include: str | None = None, format: str | None = None
     ) -> Response[Any]:
         sections = {s.strip() for s in include.split(",")} if include else None
         if sections is not None and not sections <= LOAD_SECTIONS:
@@ -206,7 +216,7 @@ class InfoRoutes(Controller):
         return json_response(emu.stats.loads(sections))
 
     @get("/metrics")
-    async def metrics(self, emu: Emulator) -> Response[bytes]:
+    async def metrics(self, emu: InjectedEmulator) -> Response[bytes]:
         # A header, not a media type: Litestar would append a second `; charset=utf-8`.
         return Response(content=emu.stats.render(), headers={"content-type": CONTENT_TYPE})
 
@@ -215,11 +225,11 @@ class ControlRoutes(Controller):
     """Readiness, health, cache flush and aborts."""
 
     @get("/ready")
-    async def ready(self, emu: Emulator) -> Response[bytes]:
+    async def ready(self, emu: InjectedEmulator) -> Response[bytes]:
         return _empty(200 if emu.ready else 503)
 
     @get(["/health", "/health_generate"])
-    async def health(self, emu: Emulator) -> Response[bytes]:
+    async def health(self, emu: InjectedEmulator) -> Response[bytes]:
         """SGLang runs a one-token generation here; the emulator does too, when idle."""
         if not emu.ready:
             return _empty(503)
@@ -243,13 +253,15 @@ class ControlRoutes(Controller):
         return _empty(200)
 
     @route("/flush_cache", http_method=["GET", "POST"], status_code=200)
-    async def flush_cache(self, emu: Emulator) -> Response[bytes]:
+    async def flush_cache(self, emu: InjectedEmulator) -> Response[bytes]:
         if emu.engine.idle:
             return Response(content=FLUSHED, status_code=200, media_type="text/plain")
         return Response(content=b"Flush cache failed.\n", status_code=400, media_type="text/plain")
 
     @post("/abort_request", status_code=200)
-    async def abort_request(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+    async def abort_request(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[Any]:
         try:
             req = msgspec.json.decode(await request.body(), type=AbortRequest)
         except msgspec.DecodeError as exc:

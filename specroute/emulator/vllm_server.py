@@ -21,7 +21,7 @@ from litestar.di import Provide
 
 from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import VLLM_DEFAULT_MAX_NUM_SEQS, EmulatorOptions
-from specroute.emulator.runtime import Emulator, json_response
+from specroute.emulator.runtime import Emulator, InjectedEmulator, json_response
 from specroute.emulator.vllm_metrics import VllmStats
 from specroute.emulator.vllm_schedule import DynamicSchedule
 from specroute.emulator.vllm_streams import VllmResponder
@@ -58,15 +58,17 @@ class VllmRoutes(Controller):
     """vLLM's OpenAI server, as far as a proxy and a benchmark client see it."""
 
     @post("/v1/chat/completions", status_code=200)
-    async def chat(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+    async def chat(self, request: Request[Any, Any, Any], emu: InjectedEmulator) -> Response[Any]:
         return _vllm_error(await emu.chat(request))
 
     @post("/v1/completions", status_code=200)
-    async def completions(self, request: Request[Any, Any, Any], emu: Emulator) -> Response[Any]:
+    async def completions(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[Any]:
         return _vllm_error(await emu.completions(request))
 
     @get("/v1/models")
-    async def models(self, emu: Emulator) -> Response[bytes]:
+    async def models(self, emu: InjectedEmulator) -> Response[bytes]:
         card = {
             "id": emu.served,
             "object": "model",
@@ -79,7 +81,7 @@ class VllmRoutes(Controller):
         return json_response({"object": "list", "data": [card]})
 
     @get(["/health", "/ping"])
-    async def health(self, emu: Emulator) -> Response[bytes]:
+    async def health(self, emu: InjectedEmulator) -> Response[bytes]:
         """200 while the engine runs; 503 before it is up (vLLM's port opens only then)."""
         return Response(content=b"", status_code=200 if emu.ready else 503)
 
@@ -88,12 +90,12 @@ class VllmRoutes(Controller):
         return json_response({"version": VLLM_VERSION})
 
     @get("/load")
-    async def load(self, emu: Emulator) -> Response[bytes]:
+    async def load(self, emu: InjectedEmulator) -> Response[bytes]:
         """vLLM's `/load`: the server's requests in progress (`server_load`)."""
         return json_response({"server_load": len(emu.driver.jobs)})
 
     @get("/metrics")
-    async def metrics(self, emu: Emulator) -> Response[bytes]:
+    async def metrics(self, emu: InjectedEmulator) -> Response[bytes]:
         return Response(content=emu.stats.render(), headers={"content-type": CONTENT_TYPE})
 
 
