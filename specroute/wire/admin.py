@@ -90,12 +90,13 @@ class BackendSnapshot(msgspec.Struct, kw_only=True):
 
 class ClassSnapshot(_Wire):
     """A workload class's acceptance (per-token rate and accept length per depth seen), its
-    completions and mean length."""
+    completions, mean length and mean duration (an older proxy sends none)."""
 
     alpha: float
     accept_length: dict[int, float] = {}
     samples: int = 0
     mean_tokens: float | None = None
+    mean_duration_s: float | None = None
 
 
 class IterationFit(_Wire):
