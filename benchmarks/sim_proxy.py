@@ -73,8 +73,7 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
         ))  # fmt: skip
     classes = {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
-                            samples=c.samples, mean_tokens=c.mean_tokens,
-                            mean_duration_s=c.mean_duration_s)
+                            samples=c.samples, mean_tokens=c.mean_tokens)
         for name, c in sim.telemetry.classes().items()
     }  # fmt: skip
     depths = {k: IterationFit(intercept_s=a, per_token_s=s)

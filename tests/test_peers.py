@@ -36,7 +36,6 @@ def _wire(instance: str, alpha: float, weight: float, length: float) -> Estimate
         accept_length={3: Weighted(length, weight)},
         samples=int(weight),
         mean_tokens=Weighted(100.0 * alpha, weight),
-        mean_duration_s=Weighted(10.0 * alpha, weight),
     )
     return EstimatesWire(instance=instance, classes={"m:greedy": klass})
 
@@ -47,7 +46,6 @@ def test_estimates_blend_weighted_by_their_samples() -> None:
     assert est.alpha == pytest.approx((0.9 * 300 + 0.5 * 100) / 400)
     assert est.accept_length[3] == pytest.approx((3.6 * 300 + 2.0 * 100) / 400)
     assert est.mean_tokens == pytest.approx((90 * 300 + 50 * 100) / 400)
-    assert est.mean_duration_s == pytest.approx((9 * 300 + 5 * 100) / 400)
     assert est.samples == 400
 
 
@@ -61,14 +59,12 @@ def test_iteration_fits_blend_by_observations_and_a_prior_weighs_nothing() -> No
 def test_a_replica_serves_what_it_learned_with_the_weights() -> None:
     telemetry = Telemetry()
     telemetry.acceptance.observe("m:greedy", steps=3, accept_length=3.5, verifies=40.0)
-    telemetry.lengths.observe("m:greedy", 120, 2.5)
+    telemetry.lengths.observe("m:greedy", 120)
     wire = local_estimates(telemetry, "me")
     klass = wire.classes["m:greedy"]
     assert klass.accept_length[3] == Weighted(3.5, 40.0)
     assert klass.alpha.weight == 40.0
     assert klass.mean_tokens == Weighted(120.0, 1.0)
-    assert klass.mean_duration_s == Weighted(2.5, 1.0)
-    assert telemetry.classes()["m:greedy"].mean_duration_s == 2.5
 
 
 def test_a_peer_that_disappears_is_dropped_from_blending() -> None:

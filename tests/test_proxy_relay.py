@@ -51,8 +51,6 @@ def test_a_policy_whose_observe_fails_is_logged_and_the_estimators_still_learn()
     assert [(e["policy"], e["log_level"]) for e in failed] == [("forgetful", "error")]
     assert estimates["classes"][CLASS]["samples"] == 1
     assert set(estimates["classes"][CLASS]["accept_length"]) == {"1"}  # learned at depth 1
-    assert estimates["classes"][CLASS]["mean_tokens"] == 10
-    assert estimates["classes"][CLASS]["mean_duration_s"] > 0  # what the depth loop splits by
 
 
 async def _one_request(

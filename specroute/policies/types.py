@@ -74,14 +74,12 @@ class BackendView(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
     """One workload class's learned acceptance: a per-token rate `alpha` that serves every
-    depth, the accept length measured at each depth seen, the mean completion length and the
-    mean request duration."""
+    depth, the accept length measured at each depth seen, and the mean completion length."""
 
     alpha: float
     accept_length: dict[int, float] = msgspec.field(default_factory=dict)
     samples: int = 0
     mean_tokens: float | None = None
-    mean_duration_s: float | None = None
 
 
 class CandidateSet(Protocol):

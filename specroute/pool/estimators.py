@@ -132,33 +132,21 @@ class IterationTimeModel:
 
 
 class ClassLengths:
-    """Exponentially weighted mean completion tokens per workload class (queue-wait estimates)
-    and mean request duration (what, by Little's law, a class's share of the requests in flight
-    is proportional to: its rate times its duration, not times its tokens, since speculation
-    runs the classes at different speeds)."""
+    """Exponentially weighted mean completion tokens per workload class (queue-wait estimates)."""
 
     def __init__(self, *, prior_tokens: float = DEFAULT_OUTPUT_TOKENS, keep: float = 0.99) -> None:
         self.prior_tokens = prior_tokens
         self.keep = keep
         self.classes: dict[str, DecayingMean] = {}
-        self.durations: dict[str, DecayingMean] = {}
 
-    def observe(self, klass: str, tokens: int, seconds: float = 0.0) -> None:
+    def observe(self, klass: str, tokens: int) -> None:
         if tokens > 0:
             mean = self.classes.setdefault(klass, DecayingMean(float(tokens)))
             mean.update(float(tokens), 1.0, self.keep)
-        if seconds > 0:
-            took = self.durations.setdefault(klass, DecayingMean(seconds))
-            took.update(seconds, 1.0, self.keep)
 
     def get(self, klass: str) -> float:
         mean = self.classes.get(klass)
         return mean.value if mean is not None else self.prior_tokens
-
-    def seconds(self, klass: str) -> float | None:
-        """The class's mean request duration (None: none completed yet)."""
-        took = self.durations.get(klass)
-        return took.value if took is not None else None
 
 
 _LOWEST_S = 0.001

@@ -44,7 +44,6 @@ class ClassWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     accept_length: dict[int, Weighted] = {}
     samples: int = 0
     mean_tokens: Weighted | None = None
-    mean_duration_s: Weighted | None = None
 
 
 class IterationWire(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,16 +65,15 @@ class EstimatesWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 def class_wires(telemetry: Telemetry) -> dict[str, ClassWire]:
     """What this replica learned of each class, with weights."""
-    lengths, durations = telemetry.lengths.classes, telemetry.lengths.durations
+    lengths = telemetry.lengths.classes
     classes = {}
     for name, est in telemetry.acceptance.classes.items():
-        tokens, took = lengths.get(name), durations.get(name)
+        tokens = lengths.get(name)
         classes[name] = ClassWire(
             alpha=Weighted(est.alpha.value, est.alpha.weight),
             accept_length={k: Weighted(m.value, m.weight) for k, m in est.by_steps.items()},
             samples=est.samples,
             mean_tokens=None if tokens is None else Weighted(tokens.value, tokens.weight),
-            mean_duration_s=None if took is None else Weighted(took.value, took.weight),
         )
     return classes
 
@@ -122,13 +120,11 @@ def blend_classes(parts: Iterable[EstimatesWire]) -> dict[str, ClassEstimate]:
             k: _mean(w.accept_length[k] for w in wires if k in w.accept_length) for k in depths
         }
         tokens = _mean(w.mean_tokens for w in wires if w.mean_tokens is not None)
-        took = _mean(w.mean_duration_s for w in wires if w.mean_duration_s is not None)
         out[name] = ClassEstimate(
             alpha=alpha.value if alpha is not None else wires[0].alpha.value,
             accept_length={k: m.value for k, m in lengths.items() if m is not None},
             samples=sum(w.samples for w in wires),
             mean_tokens=tokens.value if tokens is not None else None,
-            mean_duration_s=took.value if took is not None else None,
         )
     return out
 

@@ -143,7 +143,7 @@ class Telemetry:
         in `accept_sample`."""
         klass = outcome.workload_class
         if outcome.status == 200 and outcome.error is None and outcome.completion_tokens:
-            self.lengths.observe(klass, outcome.completion_tokens, outcome.duration_s)
+            self.lengths.observe(klass, outcome.completion_tokens)
         sample = accept_sample(outcome, scraped, framing) if acceptance else None
         if sample is not None and outcome.steps:
             length, verifies, source = sample
@@ -172,7 +172,6 @@ class Telemetry:
                     accept_length={k: m.value for k, m in sorted(est.by_steps.items())},
                     samples=est.samples,
                     mean_tokens=self.lengths.get(name),
-                    mean_duration_s=self.lengths.seconds(name),
                 )
                 for name, est in self.acceptance.classes.items()
             }

@@ -114,8 +114,7 @@ def _estimates(state: ProxyState) -> PoolEstimates:
 def _classes(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnapshot]:
     return {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
-                            samples=c.samples, mean_tokens=c.mean_tokens,
-                            mean_duration_s=c.mean_duration_s)
+                            samples=c.samples, mean_tokens=c.mean_tokens)
         for name, c in classes.items()
     }  # fmt: skip
 

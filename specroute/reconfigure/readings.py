@@ -21,12 +21,8 @@ LANE_WINDOW = 30
 class Traffic:
     """Requests in flight per class, every replica's (each backend's combined load). The proxy
     counts in flight per backend, not per class, so the total is split by the classes' recent
-    completions weighted by their mean duration: by Little's law, what is in flight of a class
-    is its rate times its duration. Not times its length: speculation runs greedy requests
-    several times faster per token than sampled ones, and on depth-temperature-swing (10%
-    greedy requests of 1024 tokens, 90% sampled of about 345) lengths put 22% of the requests
-    in flight in the greedy class where 9% were, and every forecast of the sampled regime was
-    about 25% too high. An older proxy sends no durations: lengths, as before."""
+    completions weighted by their mean length: by Little's law, what is in flight of a class
+    is its rate times its duration."""
 
     def __init__(self) -> None:
         self._seen: dict[str, int] = {}
@@ -38,23 +34,16 @@ class Traffic:
     def sample(self, pool: PoolSnapshot) -> tuple[dict[str, float], float]:
         """(in flight per class, queued) from one /pool answer."""
         total = float(sum(b.load for b in pool.backends))
-        completed: dict[str, int] = {}
+        weights = {}
         first = not self._seen
-        classes = pool.estimates.classes
-        for name, est in classes.items():
+        for name, est in pool.estimates.classes.items():
             fresh = est.samples - self._seen.get(name, 0)
             self._seen[name] = est.samples
             if fresh > 0:
-                completed[name] = fresh
-        tokens = sum(n * (classes[c].mean_tokens or 1.0) for c, n in completed.items())
-        if not first:
-            self.tokens += tokens
-        timed = all(classes[c].mean_duration_s for c in completed)
-        weights = {
-            c: n * ((classes[c].mean_duration_s if timed else classes[c].mean_tokens) or 1.0)
-            for c, n in completed.items()
-        }
+                weights[name] = fresh * (est.mean_tokens or 1.0)
         weight = sum(weights.values())
+        if not first:
+            self.tokens += weight
         if weight > 0:
             self.shares = {c: w / weight for c, w in weights.items()}
         queued = float(pool.waiting)
@@ -146,4 +135,4 @@ def estimates(
 
 def _class(c: ClassSnapshot) -> ClassEstimate:
     return ClassEstimate(alpha=c.alpha, accept_length=dict(c.accept_length), samples=c.samples,
-                         mean_tokens=c.mean_tokens, mean_duration_s=c.mean_duration_s)  # fmt: skip
+                         mean_tokens=c.mean_tokens)  # fmt: skip

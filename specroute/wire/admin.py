@@ -90,13 +90,12 @@ class BackendSnapshot(msgspec.Struct, kw_only=True):
 
 class ClassSnapshot(_Wire):
     """A workload class's acceptance (per-token rate and accept length per depth seen), its
-    completions, mean length and mean duration (an older proxy sends none)."""
+    completions and mean length."""
 
     alpha: float
     accept_length: dict[int, float] = {}
     samples: int = 0
     mean_tokens: float | None = None
-    mean_duration_s: float | None = None
 
 
 class IterationFit(_Wire):
