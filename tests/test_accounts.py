@@ -74,3 +74,42 @@ def test_changes_that_do_not_pay_raise_the_planners_bar() -> None:
         planner.account(0.1)
     assert planner.bar == planner.options.min_gain
     assert planner.plan(now, pool(1, 1, 1), estimates()).start
+
+
+def test_a_change_is_not_charged_for_the_next_changes_restart() -> None:
+    # A two-server move: b0 is done at 200 and pays (1200 from 1000); b1 leaves at 220, and
+    # the pool drops to 700 while it is away. b0's account has none of its own pool to show
+    # after its settle: no verdict, rather than a forecast "missed" by b1's restart.
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _run(ledger, 1000.0, 0.0, 100.0, 0.0)
+    ledger.begin(100.0, "b0", _plan(1200.0))
+    tokens = _run(ledger, 800.0, 102.0, 200.0, tokens)
+    ledger.done(200.0, "b0", ok=True)
+    tokens = _run(ledger, 1200.0, 202.0, 220.0, tokens)
+    ledger.begin(220.0, "b1", _plan(1400.0))
+    _run(ledger, 700.0, 222.0, 400.0, tokens)
+    (account,) = ledger.close(400.0, regime_started=0.0)
+    assert account.servers == ["b0"]
+    assert account.realized_tok_s is None
+    assert account.realized_gain is None
+    assert "another change" in account.note
+    # b1 began 20 s after b0 was done: its "before" would be b0's restart, so none is opened.
+    ledger.done(400.0, "b1", ok=True)
+    assert ledger.close(600.0, regime_started=0.0) == []
+
+
+def test_a_change_measured_before_the_next_began_keeps_its_verdict() -> None:
+    # b0 is done at 200 and its pool runs at 1200 until b1 leaves at 330: measured over
+    # 230-330, not over b1's absence.
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _run(ledger, 1000.0, 0.0, 100.0, 0.0)
+    ledger.begin(100.0, "b0", _plan(1300.0))
+    tokens = _run(ledger, 800.0, 102.0, 200.0, tokens)
+    ledger.done(200.0, "b0", ok=True)
+    tokens = _run(ledger, 1200.0, 202.0, 330.0, tokens)
+    ledger.begin(330.0, "b1", _plan(1400.0))
+    _run(ledger, 700.0, 332.0, 400.0, tokens)
+    (account,) = ledger.close(400.0, regime_started=0.0)
+    assert account.realized_tok_s == 1200.0
+    assert account.realized_gain == 0.2
+    assert account.forecast_error == round((1300.0 - 1200.0) / 1200.0, 4)

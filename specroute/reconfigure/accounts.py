@@ -4,6 +4,7 @@ passes the time and the tokens the pool has completed so far."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import msgspec
@@ -23,12 +24,20 @@ class _Open(msgspec.Struct, kw_only=True):
     before_tok_s: float
     forecast_tok_s: float
     done: float | None = None
+    cut: float | None = None
+    """When a later change began: the end of what this one's rate may be measured over."""
 
 
 class Ledger:
     """The realized rate from the completed tokens the loop samples, and the accounts of
     the changes: opened when one begins, closed `settle_s + measure_s` after it is done
-    (the rate over the last `measure_s`), void when the regime changed meanwhile."""
+    (the rate over the last `measure_s`), void when the regime changed meanwhile.
+
+    Each rate is of one pool: a change's "before" is measured since the previous change was
+    done, and its "after" until the next one began (a server away for the next change is not
+    this change's doing). Where that leaves less than half the window, the rate is not taken:
+    on a multi-server move the first change's account would otherwise measure the second's
+    restart, and its shortfall would raise the bar for no fault of the forecast."""
 
     def __init__(self, *, window_s: float = 60.0, settle_s: float = 30.0, measure_s: float = 120.0):
         self.window_s = window_s
@@ -36,6 +45,10 @@ class Ledger:
         self.measure_s = measure_s
         self._samples: deque[tuple[float, float]] = deque()
         self._open: dict[str, _Open] = {}
+        self._away: dict[str, float] = {}
+        """When each change under way began."""
+        self._calm_since = -math.inf
+        """When the latest change was done: the pool has been one pool since."""
         self.accounts: list[Account] = []
 
     def sample(self, now: float, tokens: float) -> None:
@@ -55,8 +68,16 @@ class Ledger:
         return (n1 - n0) / (t1 - t0)
 
     def begin(self, now: float, server: str, plan: Plan) -> None:
-        """A change of `plan` begins on `server`: the rate now and the forecast it is held to."""
-        before = self.rate(now - self.window_s, now)
+        """A change of `plan` begins on `server`: the rate now and the forecast it is held to.
+        Changes begun earlier are measured up to now (`cut`); none is opened while another
+        change is under way or was done less than half a window ago."""
+        for change in self._open.values():
+            if change.begun < now and change.cut is None:
+                change.cut = now
+        busy = any(began < now for began in self._away.values())
+        self._away[server] = now
+        start = max(now - self.window_s, self._calm_since)
+        before = None if busy or now - start < self.window_s / 2 else self.rate(start, now)
         if before is None or plan.expected is None:
             return
         self._open[server] = _Open(server=server, begun=now, before_tok_s=before,
@@ -65,6 +86,8 @@ class Ledger:
 
     def done(self, now: float, server: str, ok: bool) -> None:
         """The change is over: measured from `settle_s` on if it made its pool, else dropped."""
+        self._away.pop(server, None)
+        self._calm_since = max(self._calm_since, now)
         change = self._open.get(server)
         if change is None:
             return
@@ -82,6 +105,14 @@ class Ledger:
             end = change.done + self.settle_s + self.measure_s
             if regime_started > change.begun:
                 closed.append(self._account(change, None, "the regime changed before it settled"))
+            elif change.cut is not None and change.cut < end:
+                start = change.done + self.settle_s
+                if change.cut - start < self.measure_s / 2:
+                    note = "another change began before it was measured"
+                    closed.append(self._account(change, None, note))
+                else:
+                    realized = self.rate(start, change.cut)
+                    closed.append(self._account(change, realized, "" if realized else "no samples"))
             elif now >= end:
                 realized = self.rate(end - self.measure_s, end)
                 closed.append(self._account(change, realized, "" if realized else "no samples"))
