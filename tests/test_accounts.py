@@ -8,6 +8,7 @@ from test_planner import GREEDY, estimates, planner_after, pool
 
 from specroute.planner import Forecast, Plan, Regime
 from specroute.reconfigure.accounts import Ledger
+from specroute.wire import Account
 
 
 def _plan(forecast_tok_s: float, regime_started: float = 0.0) -> Plan:
@@ -76,40 +77,38 @@ def test_changes_that_do_not_pay_raise_the_planners_bar() -> None:
     assert planner.plan(now, pool(1, 1, 1), estimates()).start
 
 
-def test_a_change_is_not_charged_for_the_next_changes_restart() -> None:
-    # A two-server move: b0 is done at 200 and pays (1200 from 1000); b1 leaves at 220, and
-    # the pool drops to 700 while it is away. b0's account has none of its own pool to show
-    # after its settle: no verdict, rather than a forecast "missed" by b1's restart.
-    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
-    tokens = _run(ledger, 1000.0, 0.0, 100.0, 0.0)
-    ledger.begin(100.0, "b0", _plan(1200.0))
-    tokens = _run(ledger, 800.0, 102.0, 200.0, tokens)
-    ledger.done(200.0, "b0", ok=True)
-    tokens = _run(ledger, 1200.0, 202.0, 220.0, tokens)
-    ledger.begin(220.0, "b1", _plan(1400.0))
-    _run(ledger, 700.0, 222.0, 400.0, tokens)
-    (account,) = ledger.close(400.0, regime_started=0.0)
-    assert account.servers == ["b0"]
-    assert account.realized_tok_s is None
-    assert account.realized_gain is None
-    assert "another change" in account.note
-    # b1 began 20 s after b0 was done: its "before" would be b0's restart, so none is opened.
-    ledger.done(400.0, "b1", ok=True)
-    assert ledger.close(600.0, regime_started=0.0) == []
-
-
-def test_a_change_measured_before_the_next_began_keeps_its_verdict() -> None:
-    # b0 is done at 200 and its pool runs at 1200 until b1 leaves at 330: measured over
-    # 230-330, not over b1's absence.
+def _two_steps(next_at: float) -> tuple[Ledger, Account]:
+    """A two-server move: b0 leaves at 100 (the pool at 1000, then 800 while it is away), is
+    back at 200 and its pool runs at 1200 (forecast 1300) until b1 leaves at `next_at`; 700
+    while b1 is away. b0's account, closed at 400."""
     ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
     tokens = _run(ledger, 1000.0, 0.0, 100.0, 0.0)
     ledger.begin(100.0, "b0", _plan(1300.0))
     tokens = _run(ledger, 800.0, 102.0, 200.0, tokens)
     ledger.done(200.0, "b0", ok=True)
-    tokens = _run(ledger, 1200.0, 202.0, 330.0, tokens)
-    ledger.begin(330.0, "b1", _plan(1400.0))
-    _run(ledger, 700.0, 332.0, 400.0, tokens)
+    tokens = _run(ledger, 1200.0, 202.0, next_at, tokens)
+    ledger.begin(next_at, "b1", _plan(1400.0))
+    _run(ledger, 700.0, next_at + 2.0, 400.0, tokens)
     (account,) = ledger.close(400.0, regime_started=0.0)
+    return ledger, account
+
+
+def test_a_change_is_not_charged_for_the_next_changes_restart() -> None:
+    # b1 leaves 20 s after b0 is back: b0's account has none of its own pool to show after
+    # its settle, so no verdict, rather than a forecast "missed" by b1's restart.
+    ledger, account = _two_steps(220.0)
+    assert account.servers == ["b0"]
+    assert account.realized_tok_s is None
+    assert account.realized_gain is None
+    assert "another change" in account.note
+    # b1's "before" would be b0's restart and its settle, so no account was opened for it.
+    ledger.done(400.0, "b1", ok=True)
+    assert ledger.close(600.0, regime_started=0.0) == []
+
+
+def test_a_change_measured_before_the_next_began_keeps_its_verdict() -> None:
+    # b1 leaves at 330: b0 is measured over 230-330, not over b1's absence.
+    _, account = _two_steps(330.0)
     assert account.realized_tok_s == 1200.0
     assert account.realized_gain == 0.2
     assert account.forecast_error == round((1300.0 - 1200.0) / 1200.0, 4)
