@@ -41,7 +41,7 @@ from pathlib import Path
 import msgspec
 from depth_pools import ROOT, PoolSpec, pools
 from depth_sim import BIN_S, SimResult, simulate
-from depth_verdict import HEADER, Verdict, verdict
+from depth_verdict import HEADER, Verdict, forecast_errors, verdict
 
 from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
@@ -293,6 +293,21 @@ def report(
     return lines, v
 
 
+def _unbounded(profile: str, trace: str, results: dict[str, SimResult]) -> list[str]:
+    """Each pool's own figures where no envelope can be drawn (no fixed pool run, or no auto):
+    its tok/s over the trace, and for a pool that restarts, its restarts and its changes'
+    median forecast error (as the summary's columns count them)."""
+    lines = [f"## {profile} / {trace}: no envelope without auto and a fixed pool", ""]
+    for pool, r in results.items():
+        line = f"- {pool}: {r.window(0, r.phases[-1][2])[0]:.0f} tok/s"
+        if r.restarts:
+            errors = forecast_errors(r)
+            median = f"{percentile(list(errors), 50):.1%} ({len(errors)})" if errors else "-"
+            line += f", {len(r.restarts)} restarts, forecast error {median}"
+        lines.append(line)
+    return [*lines, ""]
+
+
 def _block(env: Envelope, idx: list[int], phases: list[tuple[str, float, float]]) -> Cell:
     """The envelope over several phases: tokens summed; per-request figures by duration."""
     spans = [phases[i][2] - phases[i][1] for i in idx]
@@ -407,7 +422,7 @@ def main() -> None:
     verdicts = []
     for (profile, trace), results in grouped.items():
         if "auto" not in results or not bounded(pools(profile), results):
-            print(f"## {profile} / {trace}: runs kept; no report without auto and a fixed pool\n")
+            print("\n".join(_unbounded(profile, trace, results)))
             continue
         lines, v = report(profile, trace, results, args.startup)
         print("\n".join(lines))

@@ -69,6 +69,11 @@ HEADER = [
 ]
 
 
+def forecast_errors(result: SimResult) -> tuple[float, ...]:
+    """|forecast - realized| / realized of each change with a verdict."""
+    return tuple(abs(a.forecast_error) for a in result.accounts if a.forecast_error is not None)
+
+
 def verdict(
     profile: str, trace: str, results: dict[str, SimResult], envelope: float, bounded: list[str]
 ) -> Verdict:
@@ -77,7 +82,7 @@ def verdict(
     rate = {p: r.window(0, total)[0] for p, r in results.items()}
     fixed = max((p for p in rate if p.startswith("k")), key=lambda p: rate[p])
     auto = results["auto"]
-    errors = tuple(abs(a.forecast_error) for a in auto.accounts if a.forecast_error is not None)
+    errors = forecast_errors(auto)
     return Verdict(
         profile=profile,
         trace=trace,

@@ -21,7 +21,7 @@ from specroute.cli import main
 from specroute.planner import Setting
 from specroute.profile_format import decode_profile
 from specroute.reconfigure import Actuator, ProxyLink, ReconfigureOptions, Reconfigurer
-from specroute.wire import PlanDocument
+from specroute.wire import Account, PlanDocument
 
 DEEP = ReconfigureOptions(mode="auto", allowed_steps=tuple(range(8)))
 """Depths 0-7 allowed: the 1/2/3 mix already holds launch's deepest default."""
@@ -183,3 +183,23 @@ def test_the_evaluated_pool_is_what_launch_starts_from_the_tuned_prior(
             for d in decode_profile(prior.read_bytes()).depths}  # fmt: skip
     shown = sim.snapshot().estimates.depths
     assert {k: (f.intercept_s, f.per_token_s) for k, f in shown.items()} == fits
+
+
+def test_depth_bound_prints_autos_own_figures_where_no_fixed_pool_ran(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `depth_bound.py --pool auto` alone: no envelope, but auto's tok/s, restarts and the
+    # median forecast error of its changes that have a verdict (one with none is not counted).
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    depth_bound = importlib.import_module("depth_bound")
+    sim_results = importlib.import_module("sim_results")
+    accounts = [
+        Account(at=t, servers=["b0"], before_tok_s=1.0, forecast_tok_s=1.0, forecast_error=e)
+        for t, e in ((10.0, -0.02), (20.0, None), (30.0, 0.04))
+    ]
+    restarts = [sim_results.Restart(server="b0", before="k3", after="k7", began=t)
+                for t in (10.0, 20.0, 30.0)]  # fmt: skip
+    auto = sim_results.SimResult(pool="auto", phases=[("quiet", 0.0, 10.0)], bins=[500.0, 500.0],
+                                 finished=[], restarts=restarts, accounts=accounts)  # fmt: skip
+    lines = depth_bound._unbounded("seed-qwen35-122b", "tiny", {"auto": auto})
+    assert "- auto: 100 tok/s, 3 restarts, forecast error 3.0% (2)" in lines
