@@ -4,7 +4,9 @@ and speculative method, where those figures come from, and what the engine canno
 SGLang reports its depth, algorithm and `max_running_requests` on `/server_info`, and the tune
 checks them. vLLM has no `/server_info` outside its developer mode
 (vllm/entrypoints/serve/instrumentator/server_info.py), so K (`num_speculative_tokens`), the
-method (`speculative_config.method`) and `--max-num-seqs` are the launch's own, not read back.
+method (`speculative_config.method`) and `--max-num-seqs` are the launch's own, not read back;
+the tune checks K against vLLM's per-position counters and reads the batch limit the server
+held under load (`vllm_facts`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ __all__ = ["VLLM_CANNOT_TELL", "EngineFacts", "engine_facts"]
 
 VLLM_CANNOT_TELL = (
     "K and method: vLLM serves no /server_info, so they are the launch's "
-    "(num_speculative_tokens in --speculative-config), not read back from the server",
-    "capacity: vLLM reports no max_num_seqs; the column shows the launch's --max-num-seqs",
+    "(num_speculative_tokens in --speculative-config); K is checked against the draft "
+    "positions its /metrics counts",
+    "capacity: vLLM reports no max_num_seqs; the column shows the most requests it ran "
+    "while others waited (vllm:num_requests_running), else the launch's --max-num-seqs",
     "per-request acceptance: none unless the server runs with --per-request-spec-decode-metrics; "
     "the counters' accept length is a window over all requests",
     "depth changes: vLLM cannot change K on a running server (a new depth is a restart)",
@@ -40,7 +44,8 @@ class EngineFacts(msgspec.Struct, frozen=True, kw_only=True):
     capacity: dict[str, int]
     """Each server's batch limit as launched (`--max-num-seqs` / `--max-running-requests`)."""
     source: str
-    """Where depth and capacity were read: the server's `/server_info`, or the launch."""
+    """Where depth and capacity were read: the server's `/server_info`, or the launch checked
+    and measured through vLLM's /metrics (`vllm_facts`)."""
     cannot_tell: list[str] = []
 
 
@@ -57,6 +62,6 @@ def engine_facts(options: TuneOptions, plans: Sequence[ServerPlan]) -> EngineFac
         method=VLLM_METHODS[launch.algorithm] if vllm else launch.algorithm,
         depths={p.label: p.steps for p in plans},
         capacity=capacity,
-        source="launch" if vllm else "/server_info",
+        source="launch and /metrics under load" if vllm else "/server_info",
         cannot_tell=list(VLLM_CANNOT_TELL) if vllm else [],
     )

@@ -94,12 +94,24 @@ def build_profile(results: Sequence[DepthResult], options: TuneOptions, source: 
     for result in results:
         for sweep in result.sweeps.values():
             part = profile_from_result(sweep, source=source, time_scale=options.time_scale)
-            targets = [
-                msgspec.structs.replace(t, adaptive=result.adaptive, startup_s=result.startup_s)
-                for t in part.targets
-            ]
+            targets = [_as_measured(t, result) for t in part.targets]
             parts.append(msgspec.structs.replace(part, targets=targets))
     return merge_profiles(parts, source=source)
+
+
+def _as_measured(target: Target, result: DepthResult) -> Target:
+    """The sweep's target with what the tune knows of its server: adaptive or not, start-up,
+    and, where the server reported none (vLLM), the depth, method and batch limit the tune
+    found (`vllm_facts`), so the prior fits each depth as it does SGLang's."""
+    facts = result.facts
+    return msgspec.structs.replace(
+        target,
+        adaptive=result.adaptive,
+        startup_s=result.startup_s,
+        steps=target.steps if target.steps is not None else facts.steps,
+        algorithm=target.algorithm or facts.algorithm,
+        max_running_requests=target.max_running_requests or facts.max_running_requests,
+    )
 
 
 def _accept(target: Target, kind: str) -> list[float | None]:
@@ -129,8 +141,9 @@ def _rows(results: Sequence[DepthResult], profile: Profile) -> list[DepthRow]:
 
 
 def _configured(rows: list[DepthRow], facts: EngineFacts) -> list[DepthRow]:
-    """Rows whose server did not report its capacity (vLLM) show the launch's limit."""
-    if facts.source != "launch":
+    """Rows whose server did not report its capacity and whose tune did not measure it (vLLM
+    depths saved before the tune read /metrics) show the launch's limit."""
+    if facts.engine != "vllm":
         return rows
     return [
         msgspec.structs.replace(r, max_running_requests=facts.capacity.get(r.label))

@@ -7,10 +7,12 @@ stops the server it started in `finally` and keeps every depth already saved."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import subprocess
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 import structlog
@@ -19,6 +21,7 @@ from specroute.bench.client import BenchClient
 from specroute.bench.probes import ServerFacts, fetch_facts
 from specroute.bench.sweep import SweepResult, run_sweep
 from specroute.children import ChildFailed, spawn, stop_async, wait_ready
+from specroute.launch.vllm_argv import VLLM_METHODS
 from specroute.tune.layout import (
     Measurement,
     ServerPlan,
@@ -29,6 +32,7 @@ from specroute.tune.layout import (
     sweep_settings,
 )
 from specroute.tune.progress import LevelWork, TuneProgress
+from specroute.tune.vllm_facts import LoadWatch, as_launched
 
 __all__ = ["DepthResult", "TuneError", "Tuner", "load_depth", "save_depth"]
 
@@ -182,10 +186,14 @@ class Tuner:
         facts = await self._facts(plan)
         started = time.monotonic()
         sweeps = {}
-        for kind in self.options.traffic:
-            self.progress.kind(kind.name)
-            settings = sweep_settings(self.options, plan, kind)
-            sweeps[kind.name] = await run_sweep(settings, progress=self.progress)
+        async with contextlib.AsyncExitStack() as stack:
+            watch = await stack.enter_async_context(self._vllm_watch(plan))
+            for kind in self.options.traffic:
+                self.progress.kind(kind.name)
+                settings = sweep_settings(self.options, plan, kind)
+                sweeps[kind.name] = await run_sweep(settings, progress=self.progress)
+        if watch is not None:
+            facts = self._vllm_facts(plan, facts, watch)
         return DepthResult(
             label=plan.label,
             steps=plan.steps,
@@ -198,6 +206,42 @@ class Tuner:
             sweep_s=time.monotonic() - started,
             finished_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         )
+
+    @contextlib.asynccontextmanager
+    async def _vllm_watch(self, plan: ServerPlan) -> AsyncIterator[LoadWatch | None]:
+        """A vLLM server's /metrics read through the sweeps (`vllm_facts`); None for SGLang,
+        whose /server_info says it all."""
+        if self.options.launch.engine != "vllm":
+            yield None
+            return
+        watch = LoadWatch()
+        async with BenchClient(connections=1) as client:
+            task = asyncio.create_task(watch.watch(client, plan.process.url))
+            try:
+                yield watch
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _vllm_facts(self, plan: ServerPlan, facts: ServerFacts, watch: LoadWatch) -> ServerFacts:
+        """K, method and the batch limit a vLLM server held; a server whose counters show
+        another K than planned is an error, as for SGLang's /server_info."""
+        launch = self.options.launch
+        if watch.steps is not None and watch.steps != plan.steps and not plan.adaptive:
+            raise TuneError(
+                f"{plan.label}: /metrics counts {watch.steps} draft positions, not {plan.steps}"
+            )
+        facts = as_launched(
+            facts, steps=plan.steps, method=VLLM_METHODS[launch.algorithm],
+            limit=launch.running_limit(plan.steps), watch=watch,
+        )  # fmt: skip
+        self.progress.say(
+            f"{plan.label}: held at most {watch.peak} running requests"
+            f"{' with others waiting' if watch.waited else ''}; batch limit "
+            f"{facts.max_running_requests} (--max-num-seqs {launch.running_limit(plan.steps)})"
+        )
+        return facts
 
     async def _wait_ready(self, plan: ServerPlan, process: subprocess.Popen[bytes]) -> float:
         """Seconds until /ready answers, saying every few seconds that the server is loading."""
