@@ -50,6 +50,7 @@ __all__ = [
     "Target",
     "Traffic",
     "decode_profile",
+    "depth_of",
     "encode_profile",
     "fit_acceptance",
     "fit_depths",
@@ -168,21 +169,31 @@ def fit_line(points: Iterable[tuple[float, float]]) -> tuple[float, float] | Non
     return max(1e-6, my - slope * mx), slope
 
 
+def depth_of(target: Target) -> int | None:
+    """A target's depth: its `steps`, or 0 for a server that described itself (its batch limit)
+    and names no speculative algorithm (SGLang reports no `speculative_num_steps` then); None
+    where it said nothing."""
+    if target.steps is not None:
+        return target.steps
+    return 0 if target.algorithm is None and target.max_running_requests else None
+
+
 def fit_depths(targets: Iterable[Target]) -> list[DepthFit]:
     """T(b, k) per depth over every fixed-depth target's points, b = min(C, R(k))."""
     by_steps: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
     capacity: dict[int, int | None] = {}
     for target in targets:
-        if target.steps is None or target.adaptive:
+        steps = depth_of(target)
+        if steps is None or target.adaptive:
             continue
-        capacity.setdefault(target.steps, target.max_running_requests)
+        capacity.setdefault(steps, target.max_running_requests)
         for p in target.points:
             if p.iteration_time_s is None or p.iteration_time_s <= 0:
                 continue
             running = p.concurrency
             if target.max_running_requests:
                 running = min(running, target.max_running_requests)
-            by_steps[target.steps].append((running * (target.steps + 1.0), p.iteration_time_s))
+            by_steps[steps].append((running * (steps + 1.0), p.iteration_time_s))
     fits = []
     for steps, pts in sorted(by_steps.items()):
         line = fit_line(pts)

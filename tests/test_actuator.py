@@ -425,3 +425,15 @@ def test_a_depth_no_backend_runs_takes_the_priors_own_fit() -> None:
     assert est is not None
     assert (est.depths[5].intercept_s, est.depths[5].per_token_s) == (0.05, 0.0007)
     assert est.depths[3].intercept_s == 0.03  # a depth that runs keeps its live fit
+
+
+def test_a_depth_no_backend_runs_holds_what_the_priors_tune_measured() -> None:
+    # The tune measured k5 at 13 and k7 at 10 requests: below what k3 holds (17) and launch's 48.
+    answer = pool_answer({"g": 1})
+    answer.estimates.capacity = {0: 35, 3: 40, 5: 13, 7: 10}
+    est = estimates(answer, (0, 1, 3, 5, 7), lambda k: 48)
+    assert est is not None
+    assert (est.depths[5].capacity, est.depths[7].capacity) == (13, 10)
+    assert est.depths[0].capacity == 35  # no shallower server seen: the tune's figure
+    assert est.depths[3].capacity == 17  # a depth that runs keeps what its server reports
+    assert est.depths[1].capacity == 26

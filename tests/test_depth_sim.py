@@ -18,6 +18,7 @@ import pytest
 
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.cli import main
+from specroute.launch.argv import EMULATED_MODEL, LaunchOptions
 from specroute.planner import Setting
 from specroute.profile_format import decode_profile
 from specroute.reconfigure import Actuator, ProxyLink, ReconfigureOptions, Reconfigurer
@@ -96,7 +97,7 @@ def test_a_restarting_server_drains_is_away_for_its_start_up_then_serves_at_its_
     assert restart.ready is not None
     assert restart.ready - restart.began >= 40.0
     served = sim.nodes[2].engine
-    assert (served.steps, served.max_running_requests) == (1, sim.capacity[1])
+    assert (served.steps, served.max_running_requests) == (1, sim.profile.capacity(1))
     # Its share of the load is lost while it is away, and every user is back once it is ready.
     before = result.window(20.0, 60.0)[0]
     away = result.window(restart.ready - 30.0, restart.ready)[0]
@@ -133,8 +134,9 @@ async def _replay(sim: Any, options: ReconfigureOptions) -> list[Any]:
     link = ProxyLink("http://proxy", "k")
     link.client = httpx.AsyncClient(base_url="http://proxy", transport=httpx.MockTransport(proxy))
     servers = [(f"b{i}", Setting(steps=k), sim.startup_s) for i, k in enumerate((1, 2, 3))]
+    launch = LaunchOptions(model=EMULATED_MODEL, steps=(1, 2, 3), emulate=True)
     loop = Reconfigurer(options, link, Actuator(options.mode, servers, clock=lambda: clock[0]),
-                        _never, limit=lambda k: sim.capacity[k])  # fmt: skip
+                        _never, limit=launch.running_limit)  # fmt: skip
     for _ in answers:
         await loop.tick()
     await link.aclose()

@@ -96,6 +96,47 @@ def test_the_prior_seeds_the_estimators_the_pool_starts_with(tmp_path: Path) -> 
     assert telemetry.acceptance.prior_alpha == pytest.approx(_profile().acceptance["sampled"].alpha)
 
 
+def test_a_vllm_backend_takes_the_batch_limit_the_tune_measured_at_the_depth_it_runs(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, encode_profile(_profile()))
+    backends = [
+        {"url": "http://127.0.0.1:9", "engine": "vllm"},
+        {"url": "http://127.0.0.1:10", "engine": "vllm", "capacity": 48},
+        {"url": "http://127.0.0.1:11", "engine": "sglang"},
+    ]
+    config = load_config(
+        None, environ={}, overrides={"backends": backends, "prior": {"path": str(path)}}
+    )
+    pool = Pool(config, UpstreamClient(config.timeouts, config.client))
+    vllm, configured, sglang = pool.backends
+    for backend in (vllm, configured):
+        backend.apply_vllm(None)
+        backend.metrics.steps = 3.0  # as vLLM's per-position counters show it
+    assert vllm.capacity == CAPACITY[3]
+    assert vllm.limit is not None
+    vllm.metrics.steps = 1.0  # restarted at K = 1: the limit follows the depth
+    assert vllm.capacity == CAPACITY[1]
+    vllm.metrics.steps = 2.0  # a depth the tune did not measure: unknown, not borrowed
+    assert vllm.capacity is None
+    assert configured.capacity == 48  # the operator's figure wins
+    assert sglang.capacity is None  # SGLang reports its own on /server_info
+
+
+def test_a_server_that_names_no_speculative_algorithm_is_fitted_at_depth_0() -> None:
+    points = [
+        Point(traffic="greedy", concurrency=c, accept_length=1.0, requests=2 * c,
+              iteration_time_s=INTERCEPT + PER_TOKEN * min(c, 35))
+        for c in (1, 4, 64)
+    ]  # fmt: skip
+    k0 = Target(label="steps0", model=MODEL, max_running_requests=35, points=points)
+    silent = Target(label="other", model=MODEL, points=points)  # said nothing of itself
+    profile = with_fits(Profile(traffic=[_traffic("greedy", True)], targets=[k0, silent]))
+    (fit,) = profile.depths
+    assert (fit.steps, fit.max_running_requests) == (0, 35)
+    assert fit.per_token_s == pytest.approx(PER_TOKEN)
+
+
 def test_live_traffic_outweighs_the_prior_within_a_few_requests(tmp_path: Path) -> None:
     telemetry = load_prior(_write(tmp_path, encode_profile(_profile()))).telemetry()
     klass = f"{MODEL}:sampled"

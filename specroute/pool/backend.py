@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
@@ -43,8 +44,12 @@ class Backend:
         health: HealthConfig,
         admission: AdmissionConfig,
         breaker: BreakerConfig,
+        tuned_capacity: Mapping[int, int] | None = None,
     ) -> None:
         self.config = config
+        self.tuned_capacity = dict(tuned_capacity or {})
+        """The batch limit a tune measured per depth (`--prior`): a vLLM server's capacity
+        where neither the server nor the operator gives one."""
         self.name = config.label
         self.url = config.url.rstrip("/")
         self.auth_headers: list[tuple[bytes, bytes]] = (
@@ -68,7 +73,8 @@ class Backend:
         self.configured_steps: int | None = None
         self.algorithm: str | None = None
         self.adaptive = False
-        self.capacity: int | None = None
+        self.reported_capacity: int | None = None
+        """Its batch limit as the server or the operator gives it (`capacity` adds the tune's)."""
         self.metrics = BackendMetrics()
         self.engine: Engine | None = None if config.engine == "auto" else config.engine
 
@@ -86,7 +92,7 @@ class Backend:
         steps = _int_or_none(info.get("speculative_num_steps"))
         self.configured_steps = steps if self.algorithm else 0
         self.adaptive = bool(info.get("speculative_adaptive"))
-        self.capacity = _int_or_none(info.get("max_running_requests"))
+        self.reported_capacity = _int_or_none(info.get("max_running_requests"))
         name = info.get("served_model_name") or info.get("model_path")
         self.model = name if isinstance(name, str) else self.model
         self._configured_over()
@@ -100,7 +106,7 @@ class Backend:
         Backend.names_changed += 1
         self.configured_steps = settings.steps if settings else None
         self.algorithm = settings.method if settings else None
-        self.capacity = settings.capacity if settings else None
+        self.reported_capacity = settings.capacity if settings else None
         self.adaptive = settings.dynamic if settings else False
         if self.model_cards:
             self.model = str(self.model_cards[0]["id"])
@@ -112,7 +118,7 @@ class Backend:
         if self.config.steps is not None:
             self.configured_steps = self.config.steps
         if self.config.capacity is not None:
-            self.capacity = self.config.capacity
+            self.reported_capacity = self.config.capacity
 
     @property
     def probe_path(self) -> str:
@@ -145,6 +151,15 @@ class Backend:
         if self.configured_steps is None and self.engine == "vllm":
             return None if self.metrics.steps is None else round(self.metrics.steps)
         return self.configured_steps
+
+    @property
+    def capacity(self) -> int | None:
+        """Its batch limit: the server's or the operator's; for a vLLM server that gives none,
+        what the tune measured at the depth it runs now (so it follows a restart's depth)."""
+        if self.reported_capacity is not None or self.engine != "vllm":
+            return self.reported_capacity
+        steps = self.steps
+        return None if steps is None or self.adaptive else self.tuned_capacity.get(steps)
 
     @property
     def limit(self) -> int | None:

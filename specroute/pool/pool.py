@@ -22,9 +22,10 @@ from specroute.pool.engine_discovery import discover_vllm, recognise
 from specroute.pool.holds import BackendState, Holds
 from specroute.pool.index import RoutingIndex
 from specroute.pool.peers import Peers
-from specroute.pool.prior import prior_telemetry
+from specroute.pool.prior import load_prior
 from specroute.pool.scraper import Scraper
 from specroute.pool.sharing import EstimatesWire, PeerTable, local_estimates
+from specroute.pool.telemetry import Telemetry
 from specroute.pool.unready import probe_failure, status_failure
 from specroute.tasks import cancel
 
@@ -82,19 +83,23 @@ class Pool:
     def __init__(self, config: Config, client: UpstreamClient) -> None:
         self._config = config
         self.client = client
+        prior = load_prior(config.prior.path) if config.prior.path is not None else None
+        self.tuned_capacity = prior.capacity if prior is not None else {}
+        """The batch limit per depth the prior's tune measured (vLLM servers report none)."""
         self.backends = tuple(
             Backend(
                 b,
                 health=config.health,
                 admission=config.admission,
                 breaker=config.breaker,
+                tuned_capacity=self.tuned_capacity,
             )
             for b in static_entries(config.backends)
         )
         self.by_name = {b.name: b for b in self.backends}
         self._names_key: tuple[tuple[Backend, ...], int] | None = None
         self._names: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
-        self.telemetry = prior_telemetry(config.prior.path)
+        self.telemetry = prior.telemetry() if prior is not None else Telemetry()
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Event()
         self._dns = DnsDiscovery(config.backends, self)
@@ -123,7 +128,8 @@ class Pool:
     async def add_backend(self, config: BackendConfig) -> None:
         """A backend found at run time (DNS discovery): look at it once, then watch it."""
         c = self._config
-        backend = Backend(config, health=c.health, admission=c.admission, breaker=c.breaker)
+        backend = Backend(config, health=c.health, admission=c.admission, breaker=c.breaker,
+                          tuned_capacity=self.tuned_capacity)  # fmt: skip
         await self._first_look(backend)
         self.backends = (*self.backends, backend)
         self.by_name[backend.name] = backend

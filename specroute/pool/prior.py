@@ -20,7 +20,6 @@ __all__ = [
     "load_prior",
     "load_profile_priors",
     "prior_from_profile",
-    "prior_telemetry",
     "priors_from_profile",
 ]
 
@@ -87,11 +86,6 @@ def load_prior(path: str | Path) -> Prior:
         return prior_from_profile(data, source=str(path))
     except ProfileFormatError as exc:
         raise ConfigError(f"invalid prior: {exc}") from exc
-
-
-def prior_telemetry(path: str | Path | None) -> Telemetry:
-    """The pool's estimators: from the prior at `path`, or the built-in defaults."""
-    return Telemetry() if path is None else load_prior(path).telemetry()
 
 
 def priors_from_profile(data: bytes) -> dict[int, IterationPrior]:

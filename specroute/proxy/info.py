@@ -108,6 +108,7 @@ def _estimates(state: ProxyState) -> PoolEstimates:
             k: IterationFit(intercept_s=a, per_token_s=s)
             for k, (a, s) in sorted(telemetry.priors.items())
         },
+        capacity=dict(sorted(pool.tuned_capacity.items())),
     )
 
 

@@ -112,20 +112,23 @@ def estimates(
     A depth no backend runs takes the prior's fit for it (what tune measured at that depth:
     its drafts' own cost), else borrows the nearest fitted depth's T(b) (the model scales with
     k + 1, not with the drafts); its capacity is its `--max-running-requests` (`limit`), never
-    more than a shallower depth was seen to hold: drafts only take memory away."""
+    more than the prior's tune measured at that depth nor than a shallower depth was seen to
+    hold: drafts only take memory away."""
     backends = pool.backends
     fits = fits_by_depth(backends)
     if not fits:
         return None
     seen = _capacities(backends)
     priors = pool.estimates.depths
+    tuned = pool.estimates.capacity
     depths = {}
     for k in allowed:
         if k not in fits and k in priors:
             a, s = priors[k].intercept_s, priors[k].per_token_s
         else:
             a, s, _ = fits[min(fits, key=lambda d: (abs(d - k), -d))]
-        capacity = min([limit(k), *(c for d, c in seen.items() if d <= k)])
+        measured = [tuned[k]] if k in tuned else []
+        capacity = min([limit(k), *measured, *(c for d, c in seen.items() if d <= k)])
         if k in seen:
             capacity = seen[k]
         depths[k] = DepthEstimate(steps=k, capacity=capacity, intercept_s=a, per_token_s=s)

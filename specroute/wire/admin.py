@@ -107,7 +107,8 @@ class IterationFit(_Wire):
 class PoolEstimates(msgspec.Struct, kw_only=True):
     """What the pool has learned: classes as policies see them (blended over replicas), this
     replica's own, the prior rate, where acceptance came from, iteration fits per backend@depth,
-    and the prior's fit per depth (`--prior`: what tune measured, for depths no backend runs)."""
+    and the prior's fit and batch limit per depth (`--prior`: what tune measured, for depths no
+    backend runs)."""
 
     classes: dict[str, ClassSnapshot]
     local_classes: dict[str, ClassSnapshot]
@@ -115,6 +116,7 @@ class PoolEstimates(msgspec.Struct, kw_only=True):
     acceptance_sources: dict[str, Any] = {}
     iteration: dict[str, IterationFit] = {}
     depths: dict[int, IterationFit] = {}
+    capacity: dict[int, int] = {}
 
 
 class LaneSnapshot(msgspec.Struct, kw_only=True):
