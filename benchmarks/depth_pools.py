@@ -6,21 +6,14 @@ the planner) and what the proxy knows of each depth before the trace (the prior)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from policy_sim import PROMPT_TOKENS
-
-from specroute.bench.stats import mean
 from specroute.emulator.adaptive import DEFAULT_ADAPTIVE_CONFIG, AdaptiveConfig
 from specroute.emulator.adaptive_config import load_adaptive_config
-from specroute.emulator.engine import Engine
-from specroute.emulator.profiles import Profile
 from specroute.launch.defaults import LaunchDepths, launch_depths
 from specroute.planner import Setting
-from specroute.pool.prior import PROFILE_SCHEMA, Prior, prior_from_profile, priors_from_profile
-from specroute.pool.telemetry import IterationPrior
+from specroute.pool.prior import Prior, prior_from_profile
 from specroute.profile_format import decode_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,15 +51,30 @@ def prior_path(profile: str) -> Path:
     return TUNED / f"{profile}.json"
 
 
-def launched(profile: str) -> LaunchDepths | None:
+def launched(profile: str, path: Path | None = None) -> LaunchDepths | None:
     """What `specroute launch --prior P.json --servers 3` starts and lets the planner use,
-    by launch's own rule; None when no prior was tuned for `profile`."""
-    path = prior_path(profile)
+    by launch's own rule (`path`: the prior, by default the profile's SGLang tune); None when
+    no prior was tuned."""
+    path = path or prior_path(profile)
     if not path.exists():
         return None
     prior = decode_profile(path.read_bytes(), source=path.name)
     return launch_depths(steps=None, allowed=None, prior=prior, prior_name=path.name,
                          servers=SERVERS)  # fmt: skip
+
+
+def tuned(profile: str, path: Path | None = None) -> dict[str, PoolSpec]:
+    """`auto`, what `specroute launch --prior P.json --reconfigure auto` runs (the prior's pool
+    and depths, launch's default policy), and `launched`, the same never reconfigured; none
+    without a prior."""
+    depths = launched(profile, path)
+    if depths is None:
+        return {}
+    chosen = tuple(Setting(steps=k) for k in depths.steps)
+    prior = path or prior_path(profile)
+    return {"auto": PoolSpec(chosen, "throughput", planner=True, allowed=depths.allowed,
+                             prior=prior),
+            "launched": PoolSpec(chosen, "throughput", prior=prior)}  # fmt: skip
 
 
 def load_prior(path: Path) -> Prior:
@@ -82,37 +90,10 @@ def pools(profile: str | None = None) -> dict[str, PoolSpec]:
     mix = (Setting(steps=1), Setting(steps=2), Setting(steps=3))
     throughput = "throughput:objective=throughput"
     out = {"auto": PoolSpec(mix, throughput, planner=True), "mix-1-2-3": PoolSpec(mix, throughput)}
-    depths = launched(profile) if profile is not None else None
-    if depths is not None:
-        chosen = tuple(Setting(steps=k) for k in depths.steps)
-        path = prior_path(profile)  # type: ignore[arg-type]
-        out["auto"] = PoolSpec(chosen, "throughput", planner=True, allowed=depths.allowed,
-                               prior=path)  # fmt: skip
-        out["launched"] = PoolSpec(chosen, "throughput", prior=path)
+    if profile is not None:
+        out.update(tuned(profile))
     for k in range(MAX_STEPS + 1):
         out[f"k{k}"] = PoolSpec((Setting(steps=k),) * 3, "least_loaded")
     for label, config in adaptive_configs().items():
         out[label] = PoolSpec((setting_of(config),) * 3, "least_loaded")
     return out
-
-
-def tune(profile: Profile) -> tuple[dict[int, IterationPrior], dict[int, int]]:
-    """What `specroute tune` measures before the pool starts: each depth's capacity and its
-    iteration time at a few batch sizes, fitted per depth as a bench profile is."""
-    targets = []
-    capacity: dict[int, int] = {}
-    for k in range(MAX_STEPS + 1):
-        engine = Engine(profile, steps=k)
-        capacity[k] = r = engine.max_running_requests
-        points = []
-        for c in sorted({1, max(1, r // 2), r}):
-            probe = Engine(profile, steps=k, seed=c)
-            for i in range(c):
-                probe.submit(f"t{i}", prompt_tokens=PROMPT_TOKENS, max_new_tokens=4096,
-                             klass="greedy", ignore_eos=True)  # fmt: skip
-            times = [it.duration for it in (probe.step() for _ in range(60))
-                     if it is not None and not it.prefilled]  # fmt: skip
-            points.append({"concurrency": c, "iteration_time_s": mean(times)})
-        targets.append({"steps": k, "max_running_requests": r, "points": points})
-    data = json.dumps({"schema": PROFILE_SCHEMA, "targets": targets}).encode()
-    return priors_from_profile(data), capacity

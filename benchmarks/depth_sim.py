@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
-from depth_pools import ROOT, PoolSpec, adaptive_configs, load_prior, pools, setting_of, tune
+from depth_pools import ROOT, PoolSpec, adaptive_configs, load_prior, pools, setting_of
 from policy_sim import Draw, Node, PoolSim, Req
 from sim_proxy import SimProxy, pool_snapshot
 from sim_results import BIN_S, Restart, SimResult
@@ -37,7 +37,7 @@ from specroute.planner import Setting
 from specroute.policies import create
 from specroute.reconfigure import Actuator, ReconfigureOptions, Reconfigurer
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
-from specroute.speculation import is_greedy
+from specroute.speculation import SPECULATIVE_DEFAULT_MAX_RUNNING, is_greedy
 from specroute.wire import HoldAnswer, HoldState, PoolSnapshot
 
 EMIT, STEP, TIMER, PHASE, DRAIN_DEADLINE, READY, RESTART = range(7)
@@ -45,6 +45,9 @@ Manual = tuple[float, int, Setting]
 """An operator's restart: at this time, this server (index) to this setting."""
 _SETTLE_YIELDS = 8
 """Event-loop turns without any call into the simulator after which the loop is parked."""
+LAUNCH_LIMIT = SPECULATIVE_DEFAULT_MAX_RUNNING
+"""The loop's `limit` per depth: `specroute launch`'s `--max-running-requests` (its default,
+said to every server), as `launch.restarts.depth_loop` passes `options.running_limit`."""
 
 
 @dataclass
@@ -84,12 +87,13 @@ class DepthSim(PoolSim):
         self.nodes = [Node(f"b{i}", self._engine(s, i)) for i, s in enumerate(spec.settings)]
         self.startup_s = self.profile.startup_s if startup_s is None else startup_s
         self.drain_limit_s = drain_limit_s
-        priors, self.capacity = tune(self.profile)
-        self.telemetry.seed(priors.items())
+        self.tuned_capacity: dict[int, int] = {}
+        """The prior's batch limit per depth (`/pool`'s `estimates.capacity`)."""
         if spec.prior is not None:  # `launch --prior`: the proxy starts from the tuned profile
             prior = msgspec.structs.replace(load_prior(spec.prior), models=(self.model,))
             self.telemetry = prior.telemetry()
-            self.capacity = {**self.capacity, **prior.capacity}
+            self.tuned_capacity = dict(prior.capacity)
+        # Without a prior the proxy starts from nothing, as `specroute launch` without --prior.
         options = reconfigure or ReconfigureOptions(mode="auto")
         if spec.allowed is not None and reconfigure is None:
             options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
@@ -276,7 +280,7 @@ class DepthSim(PoolSim):
         actuator = Actuator(self.options.mode, servers, clock=lambda: self.now)
         adaptive = tuple(self.configs) if self.options.allow_adaptive else ()
         return Reconfigurer(self.options, self.proxy, actuator, self.restart,
-                            limit=lambda k: self.capacity[k], adaptive=adaptive,
+                            limit=lambda k: LAUNCH_LIMIT, adaptive=adaptive,
                             sleep=self.sleep)  # fmt: skip
 
     # -- the trace ------------------------------------------------------------------------------

@@ -172,10 +172,15 @@ class PoolSim:
         """Which waiting user is admitted next: the first (the proxy's queue is FIFO)."""
         return 0
 
+    def in_flight_limit(self, i: int) -> int | None:
+        """The proxy's in-flight limit for backend `i` (`Backend.limit`: overcommit times its
+        capacity); None where the proxy knows no capacity."""
+        return int(self.nodes[i].engine.max_running_requests * self.overcommit)
+
     def admits(self, i: int) -> bool:
         """Whether backend `i` takes a new request now (below its in-flight limit)."""
-        n = self.nodes[i]
-        return n.in_flight < int(n.engine.max_running_requests * self.overcommit)
+        limit = self.in_flight_limit(i)
+        return limit is None or self.nodes[i].in_flight < limit
 
     def draw(self) -> Draw:
         """The next request's traffic class: half greedy, half sampled at temperature 0.8."""

@@ -79,6 +79,7 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
     depths = {k: IterationFit(intercept_s=a, per_token_s=s)
               for k, (a, s) in sorted(sim.telemetry.priors.items())}  # fmt: skip
     estimates = PoolEstimates(classes=classes, local_classes=classes, depths=depths,
-                              prior_alpha=sim.telemetry.acceptance.prior_alpha)  # fmt: skip
+                              prior_alpha=sim.telemetry.acceptance.prior_alpha,
+                              capacity=dict(sorted(sim.tuned_capacity.items())))  # fmt: skip
     return PoolSnapshot(policy=sim.policy.name, waiting=len(sim.waiting), backends=backends,
                         estimates=estimates)  # fmt: skip

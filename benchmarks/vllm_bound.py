@@ -1,6 +1,7 @@
-"""No regret on a vLLM pool: auto (the product's depth loop, launch's defaults) against every
-fixed K, the launched mix never reconfigured and vLLM's own dynamic-K table, on the traces of
-"Depth follows load", in virtual time (`vllm_pools.py`). One command prints the report:
+"""No regret on a vLLM pool: auto (the product's depth loop, launch's defaults; `auto-tuned`
+launched from a vLLM tune's prior) against every fixed K, the launched pool never reconfigured
+and vLLM's own dynamic-K table, on the traces of "Depth follows load", in virtual time
+(`vllm_pools.py`). One command prints the report:
 
     nice -n 5 .venv/bin/python benchmarks/vllm_bound.py --jobs 2 \\
         --profile seed-qwen35-122b --profile costly-drafts
@@ -26,7 +27,7 @@ import msgspec
 from depth_bound import PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
 from depth_pools import ROOT, PoolSpec
 from sim_results import BIN_S, SimResult
-from vllm_pools import AUTO, Run, VllmSim, simulate, vllm_pools
+from vllm_pools import AUTO, TUNED, Run, VllmSim, simulate, vllm_pools
 from vllm_table import MAX_K, Table, operator_table
 
 from specroute.bench.trace import Scenario, load_scenario
@@ -98,6 +99,8 @@ def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
     patterns = [*SOURCES, *OWN, *(LOOP if pool.startswith("auto") else ())]
     if pool.startswith("dynamic"):
         patterns.append("benchmarks/vllm_table.py")
+    if pool.endswith("-tuned"):  # the vLLM tune the pool launches from
+        digest.update((TUNED / f"{profile}.json").read_bytes())
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     return CACHE / f"{profile}__{trace}__{pool}__{digest.hexdigest()[:12]}.json"
@@ -137,7 +140,7 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
         cells.append(f"{best} {rate[best]:.0f}: {_pct(auto, rate[best])}" if best else "-")
     cells += [
         f"{rate[pool]:.0f}: {_pct(auto, rate[pool])}" if pool in rate else "-"
-        for pool in ("mix-1-2-3", "dynamic", SHALLOW_TABLE)
+        for pool in ("mix-1-2-3", "launched-tuned", "dynamic", SHALLOW_TABLE)
     ]
     for pool in ("dynamic", SHALLOW_TABLE):
         table = runs[pool].table if pool in runs else ()
@@ -149,8 +152,8 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
 
 HEADER = (
     "| profile | trace | pool | tok/s | best fixed (k0-k3) | best fixed (k0-k7) "
-    "| launched mix (1/2/3) | dynamic-K table | dynamic-K, K <= 3 | its table (batch: K) "
-    "| K <= 3 table | restarts |\n" + "|---" * 12 + "|"
+    "| launched mix (1/2/3) | tuned pool, never reconfigured | dynamic-K table "
+    "| dynamic-K, K <= 3 | its table (batch: K) | K <= 3 table | restarts |\n" + "|---" * 13 + "|"
 )
 
 

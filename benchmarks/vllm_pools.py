@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from depth_pools import ROOT, PoolSpec, pools
+from depth_pools import ROOT, PoolSpec, pools, tuned
 from depth_sim import DepthSim
 from policy_sim import Node, Req
 from sim_results import SimResult
@@ -146,7 +146,7 @@ class VllmSim(DepthSim):
             chunk_gaps_s=gaps, duration_s=elapsed, in_flight_at_start=0, mean_in_flight=mean,
             error=error, lane=req.lane,
         )  # fmt: skip
-        self.telemetry.observe(outcome, capacity=node.engine.max_running_requests,
+        self.telemetry.observe(outcome, capacity=self.capacity_of(req.backend),
                                scraped=node.accept_length, acceptance=not dynamic,
                                framing=STREAM_FRAMING["vllm"])  # fmt: skip
         self.policy.observe(outcome)
@@ -179,37 +179,60 @@ class VllmSim(DepthSim):
             return gauge_lag("sglang", GAUGE_LAG_S, super().view([i]).backends[0])
         return gauge_lag("vllm", GAUGE_LAG_S, None)
 
-    def _load(self, node: VllmNode) -> dict[str, Any]:
+    def capacity_of(self, i: int) -> int | None:
+        """A vLLM server's batch limit as the proxy knows it (`Backend.capacity`): vLLM reports
+        none and `launch` configures none, so the tune's figure at the depth it runs (the
+        prior's), else nothing; none for a dynamic-K server (no one depth)."""
+        node, slot = self.nodes[i], self.slots[i]
+        if self.table or slot.state == "starting":
+            return None
+        return self.tuned_capacity.get(node.engine.steps)
+
+    def in_flight_limit(self, i: int) -> int | None:
+        cap = self.capacity_of(i)
+        return None if cap is None else int(cap * self.overcommit)
+
+    def _load(self, i: int) -> dict[str, Any]:
         """The proxy's combined count and room for one backend (`pool/index.py`'s `_load`)."""
-        cap = node.engine.max_running_requests
-        return {"combined": node.mark.combined(node.in_flight, self.now, STALE_S),
-                "headroom": headroom(node.mark, node.in_flight, cap, Share(), now=self.now,
-                                     stale_after_s=STALE_S)}  # fmt: skip
+        node = self.nodes[i]
+        room = headroom(node.mark, node.in_flight, self.capacity_of(i), Share(), now=self.now,
+                        stale_after_s=STALE_S)  # fmt: skip
+        return {"combined": node.mark.combined(node.in_flight, self.now, STALE_S), "headroom": room}
+
+    def _known(self, i: int) -> dict[str, Any]:
+        """Capacity and in-flight limit as the proxy knows them."""
+        return {"capacity": self.capacity_of(i), "limit": self.in_flight_limit(i)}
 
     def view(self, nodes: list[int]) -> PoolView:
-        """What a policy sees: the backends' load as the proxy combines it with the scrapes."""
+        """What a policy sees: capacity as the proxy knows it, and the backends' load as the
+        proxy combines it with the scrapes."""
         base = super().view(nodes)
-        if self.direct:
-            return base
-        backends = tuple(msgspec.structs.replace(b, **self._load(self.nodes[i]))
-                         for b, i in zip(base.backends, nodes, strict=True))  # fmt: skip
-        return msgspec.structs.replace(base, backends=backends)
+        backends = tuple(
+            msgspec.structs.replace(b, **self._known(i), **({} if self.direct else self._load(i)))
+            for b, i in zip(base.backends, nodes, strict=True)
+        )
+        caps = [b.capacity for b in backends]
+        total = None if None in caps else sum(c for c in caps if c is not None)
+        return msgspec.structs.replace(base, backends=backends, capacity_total=total)
 
     def snapshot(self) -> PoolSnapshot:
         """`GET /pool` with vLLM's view of each backend: no gauge of its own but the lagging
         scrape, the proxy's combined load and room, the counters' accept length."""
         base = super().snapshot()
         if self.direct:
-            return base
+            backends = [msgspec.structs.replace(b, **self._known(i))
+                        for i, b in enumerate(base.backends)]  # fmt: skip
+            return msgspec.structs.replace(base, backends=backends)
         backends = []
-        for b, node, slot in zip(base.backends, self.nodes, self.slots, strict=True):
+        for i, (b, node, slot) in enumerate(zip(base.backends, self.nodes, self.slots,
+                                                strict=True)):  # fmt: skip
             up = slot.state != "starting"
             cap = node.engine.max_running_requests
             total = node.scraped
             extra: dict[str, object] = {
                 "steps": node.engine.steps if up else None, "algorithm": "mtp",
-                "adaptive": bool(self.table),
-                **self._load(node),
+                "adaptive": bool(self.table), **self._known(i),
+                **self._load(i),
                 "running": None if total is None or not up else min(total, cap),
                 "queued": None if total is None or not up else max(0, total - cap),
                 "accept_length": node.accept_length if up else None,
@@ -222,15 +245,28 @@ class VllmSim(DepthSim):
 
 
 AUTO = {"auto": "", "auto-k7": ",".join(map(str, range(MAX_K + 1))), "auto-direct": "",
-        "auto-sglang-lag": ""}  # fmt: skip
+        "auto-sglang-lag": "", "auto-tuned": ""}  # fmt: skip
 """The loop's pools: launch's default depths, every depth tune measured (0-7), launch's
 default depths with the load known exactly (`direct`), and with vLLM's gauges read with
-SGLang's lag (`sglang_lag`)."""
+SGLang's lag (`sglang_lag`); `auto-tuned` is `specroute launch --engine vllm --prior P.json
+--reconfigure auto` from a vLLM tune (`TUNED`): the prior's pool and depths."""
+TUNED = ROOT / "benchmarks" / "results" / "vllm-bound" / "tune"
+"""`prior.json` of `specroute tune --emulate --engine vllm --profile P --steps 0,...,7`, as
+`P.json` (`benchmarks/results/vllm-bound/tune/README.md` has the commands)."""
+
+
+def tuned_pools(profile: str) -> dict[str, PoolSpec]:
+    """`auto-tuned` and `launched-tuned` (its pool never reconfigured), from the profile's
+    vLLM tune; none where no vLLM tune was kept."""
+    specs = tuned(profile, TUNED / f"{profile}.json")
+    return {f"{name}-tuned": spec for name, spec in specs.items()}
 
 
 def vllm_pools() -> list[str]:
-    """auto and its variants, the launched mix, fixed K 0..7, the operator's dynamic-K table."""
-    return [*AUTO, "mix-1-2-3", *(f"k{k}" for k in range(MAX_K + 1)), "dynamic"]
+    """auto and its variants, the launched mix, the tuned pool never reconfigured, fixed K
+    0..7, the operator's dynamic-K table."""
+    fixed = (f"k{k}" for k in range(MAX_K + 1))
+    return [*AUTO, "mix-1-2-3", "launched-tuned", *fixed, "dynamic"]
 
 
 class Run(msgspec.Struct):
@@ -249,7 +285,12 @@ def simulate(
     """One pool on one trace (the dynamic pool's table written for `table_for`, by default
     the trace itself)."""
     table: Table = ()
-    if pool in AUTO:
+    if pool.endswith("-tuned"):
+        specs = tuned_pools(profile)
+        if pool not in specs:
+            raise SystemExit(f"{pool}: no vLLM tune of {profile} in {TUNED}")
+        spec = specs[pool]
+    elif pool in AUTO:
         spec = pools()["auto"]
         if AUTO[pool]:
             kwargs["reconfigure"] = msgspec.structs.replace(
@@ -274,14 +315,18 @@ def main() -> None:
     parser.add_argument("--pool", action="append", default=[], choices=vllm_pools())
     parser.add_argument("--scale", type=float, default=1.0, help="multiply phase durations")
     parser.add_argument("--seed", type=int, default=0)
-    add_planner_arguments(parser)  # --allowed-steps, --min-dwell, --planner-option: launch's
+    # --allowed-steps, --min-dwell, --planner-option: launch's (depths: the pool's prior's)
+    add_planner_arguments(parser, None, "; default: auto-tuned's prior's, else 0,1,2,3")
     args = parser.parse_args()
     configure_logging("warning")
-    options = ReconfigureOptions(mode="auto", allowed_steps=allowed_steps(args.allowed_steps),
-                                 min_dwell_s=args.min_dwell,
-                                 planner=planner_fields(args.planner_option))  # fmt: skip
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
+        spec = tuned_pools(args.profile).get(pool)
+        allowed = (spec.allowed if spec else None) or ReconfigureOptions().allowed_steps
+        options = ReconfigureOptions(
+            mode="auto", min_dwell_s=args.min_dwell, planner=planner_fields(args.planner_option),
+            allowed_steps=allowed_steps(args.allowed_steps) if args.allowed_steps else allowed,
+        )  # fmt: skip
         run = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
                        reconfigure=options)  # fmt: skip
         r = run.result
