@@ -13,8 +13,10 @@ from types import ModuleType
 import pytest
 
 from specroute.bench.trace import Scenario, load_scenario
+from specroute.cli import main
 from specroute.emulator.profiles import get_profile
 from specroute.emulator.vllm_schedule import DynamicSchedule
+from specroute.profile_format import decode_profile
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 PROFILE = "seed-qwen35-122b"
@@ -86,3 +88,30 @@ def test_a_dynamic_server_runs_its_tables_depth_and_files_no_accept_length(
     assert [n.engine.active_steps for n in sim.nodes] == [1, 1, 1]  # 10 running on each
     quiet, busy = result.window(5.0, 40.0)[1], result.window(45.0, 80.0)[1]
     assert quiet > busy  # per-request speed: three drafts when quiet, one when busy
+
+
+def test_auto_tuned_is_what_launch_starts_from_the_vllm_tune_and_knows_only_its_figures(
+    vllm_pools: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `auto-tuned`: the servers and depths `specroute launch --engine vllm --prior P.json`
+    # prints for the committed vLLM tune, and a proxy whose only capacity figures are that
+    # tune's (vLLM reports none): each server's at the depth it runs, none for a depth the
+    # tune did not measure.
+    spec = vllm_pools.tuned_pools(PROFILE)["auto-tuned"]
+    assert main(["launch", "--emulate", "--engine", "vllm", "--dry-run", "--reconfigure", "auto",
+                 "--prior", str(spec.prior)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"# --steps {','.join(str(s.steps) for s in spec.settings)}:" in out
+    assert f"# --allowed-steps {','.join(map(str, spec.allowed))}:" in out
+    depths = decode_profile(spec.prior.read_bytes()).depths
+    measured = {d.steps: d.max_running_requests for d in depths}
+    assert set(measured) == set(range(8))
+    sim = vllm_pools.VllmSim(PROFILE, spec)
+    sim.run(scenario(tmp_path, [(12, 60.0, GREEDY)]), "auto-tuned")
+    answer = sim.snapshot()
+    assert answer.estimates.capacity == measured
+    for backend, node in zip(answer.backends, sim.nodes, strict=True):
+        assert backend.capacity == measured[node.engine.steps] == node.engine.max_running_requests
+    bare = vllm_pools.VllmSim(PROFILE, vllm_pools.pools()["auto"])  # launch without a prior
+    assert all(b.capacity is None and b.limit is None for b in bare.snapshot().backends)
+    assert bare.snapshot().estimates.depths == {}
