@@ -65,6 +65,21 @@ def test_tune_dry_run_prints_vllm_lines_and_refuses_adaptive() -> None:
     assert "vLLM has none" in refused.stderr
 
 
+def test_launch_warns_when_nothing_tells_the_proxy_a_vllm_servers_batch_limit() -> None:
+    base = [sys.executable, "-m", "specroute", "launch", "--emulate", "--engine", "vllm"]
+    bare = subprocess.run([*base, "--steps", "1,3", "--dry-run"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert "vLLM reports no batch limit" in bare.stderr
+    assert "--prior" in bare.stderr
+    prior = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "vllm-bound"
+    tuned = subprocess.run([*base, "--prior", str(prior / "tune" / "seed-qwen35-122b.json"),
+                            "--dry-run"], capture_output=True, text=True, check=True)  # fmt: skip
+    assert "batch limit" not in tuned.stderr
+    sglang = subprocess.run([*base[:5], "--steps", "1,3", "--dry-run"], capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    assert "batch limit" not in sglang.stderr
+
+
 def test_launched_emulated_vllm_pool_is_recognised_and_routed(tmp_path: Path) -> None:
     port, base = free_port(), free_port()
     argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--engine", "vllm"]

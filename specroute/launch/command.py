@@ -210,7 +210,8 @@ def _check_policy_depth(config: Config, options: LaunchOptions) -> None:
 
 
 def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
-    """Warnings for addresses beyond this machine: servers without keys, a proxy without."""
+    """Warnings for addresses beyond this machine (servers without keys, a proxy without) and
+    for a vLLM pool whose batch limits nothing tells the proxy."""
     notes = []
     if not is_loopback(options.host):
         notes.append(
@@ -219,6 +220,12 @@ def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
         )
     if (keyless := keyless_proxy_warning(config.host, config.api_keys)) is not None:
         notes.append(keyless)
+    if options.engine == "vllm" and options.prior is None:
+        notes.append(
+            "warning: vLLM reports no batch limit, so the proxy has none to route or plan by "
+            "(its memory may hold fewer than --max-num-seqs); run `specroute tune --engine "
+            "vllm` and pass its prior.json with --prior: it measured each depth's limit"
+        )
     return notes
 
 
