@@ -108,7 +108,7 @@ class VllmSim(DepthSim):
 
     def __init__(
         self, profile: str, spec: PoolSpec, *, table: Table = (), direct: bool = False,
-        sglang_lag: bool = False, **kwargs: Any,
+        sglang_lag: bool = False, limits: bool = False, **kwargs: Any,
     ) -> None:  # fmt: skip
         self.table = table
         self.sglang_lag = sglang_lag
@@ -120,6 +120,9 @@ class VllmSim(DepthSim):
         lagging gauges (the load as if known exactly; acceptance still as vLLM gives it)."""
         super().__init__(profile, spec, **kwargs)
         self.nodes = [VllmNode(n.name, n.engine) for n in self.nodes]
+        if limits:  # the proxy told each depth's batch limit, and nothing else of a tune
+            self.tuned_capacity = {k: self._engine(Setting(steps=k), 0).max_running_requests
+                                   for k in range(MAX_K + 1)}  # fmt: skip
 
     def _engine(self, setting: Setting, salt: int) -> Engine:
         schedule = DynamicSchedule(self.table, setting.steps) if self.table else None
@@ -263,10 +266,11 @@ def tuned_pools(profile: str) -> dict[str, PoolSpec]:
 
 
 def vllm_pools() -> list[str]:
-    """auto and its variants, the launched mix, the tuned pool never reconfigured, fixed K
-    0..7, the operator's dynamic-K table."""
+    """auto and its variants, the launched mix (and with the proxy told each server's batch
+    limit, `-limits`), the tuned pool never reconfigured, fixed K 0..7, the operator's
+    dynamic-K table."""
     fixed = (f"k{k}" for k in range(MAX_K + 1))
-    return [*AUTO, "mix-1-2-3", "launched-tuned", *fixed, "dynamic"]
+    return [*AUTO, "mix-1-2-3", "mix-1-2-3-limits", "launched-tuned", *fixed, "dynamic"]
 
 
 class Run(msgspec.Struct):
@@ -301,6 +305,8 @@ def simulate(
     elif pool == "dynamic":
         steps, table = operator_table(get_profile(profile), table_for or scenario)
         spec = PoolSpec((Setting(steps=steps),) * 3, "least_loaded")
+    elif pool == "mix-1-2-3-limits":
+        spec, kwargs["limits"] = pools()["mix-1-2-3"], True
     else:
         spec = pools()[pool]
     sim = VllmSim(profile, spec, table=table, seed=seed, **kwargs)
