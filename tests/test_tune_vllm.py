@@ -18,31 +18,6 @@ TINY += ["--temperature", "0", "--max-tokens", "8", "--prompt-words", "8", "--wa
 TINY += ["--time-scale", "10", "--max-running-requests", "32"]
 
 
-def test_tune_report_says_what_vllm_reports_and_what_it_cannot(tmp_path: Path) -> None:
-    out, log = tmp_path / "tune", tmp_path / "tune.out"
-    argv = [sys.executable, "-m", "specroute", "tune", *TINY, "--out", str(out)]
-    with log.open("wb") as fh:
-        process = spawn(
-            [*argv, "--base-port", str(free_port())], stdout=fh, stderr=subprocess.STDOUT
-        )
-        try:
-            assert process.wait(timeout=120) == 0, log.read_text()
-        finally:
-            stop(process, grace_s=5)
-    report = json.loads((out / "report.json").read_text())
-    facts = report["engine"]
-    assert facts["engine"] == "vllm"
-    assert facts["method"] == "mtp"
-    assert facts["depths"] == {"steps1": 1, "steps2": 2}
-    assert facts["source"] == "launch and /metrics under load"
-    assert facts["cannot_tell"] == list(VLLM_CANNOT_TELL)
-    assert [d["max_running_requests"] for d in report["depths"]] == [32, 32]
-    assert "--engine vllm" in report["command"]
-    text = (out / "report.md").read_text()
-    assert "EMULATED vLLM servers" in text
-    assert "What vllm does not report" in text
-
-
 def _tune(tmp_path: Path, *extra: str) -> Path:
     out, log = tmp_path / "tune", tmp_path / "tune.out"
     argv = [sys.executable, "-m", "specroute", "tune", *TINY, *extra, "--out", str(out)]
@@ -55,6 +30,22 @@ def _tune(tmp_path: Path, *extra: str) -> Path:
         finally:
             stop(process, grace_s=5)
     return out
+
+
+def test_tune_report_says_what_vllm_reports_and_what_it_cannot(tmp_path: Path) -> None:
+    out = _tune(tmp_path)
+    report = json.loads((out / "report.json").read_text())
+    facts = report["engine"]
+    assert facts["engine"] == "vllm"
+    assert facts["method"] == "mtp"
+    assert facts["depths"] == {"steps1": 1, "steps2": 2}
+    assert facts["source"] == "launch and /metrics under load"
+    assert facts["cannot_tell"] == list(VLLM_CANNOT_TELL)
+    assert [d["max_running_requests"] for d in report["depths"]] == [32, 32]
+    assert "--engine vllm" in report["command"]
+    text = (out / "report.md").read_text()
+    assert "EMULATED vLLM servers" in text
+    assert "What vllm does not report" in text
 
 
 def test_a_vllm_prior_holds_each_depth_and_the_batch_limit_the_server_held(
