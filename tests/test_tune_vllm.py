@@ -85,6 +85,8 @@ def test_load_watch_reads_the_limit_and_the_depth_from_vllms_metrics() -> None:
         return "\n".join(lines) + "\n"
 
     watch = LoadWatch()
+    watch.read(text(12, 0, 3) + text(0, 0, 3).replace('engine="0"', 'engine="1"'))  # 2 ranks
+    assert watch.steps == 3  # the positions, not the series
     watch.read(text(12, 0, 3))
     assert (watch.peak, watch.waited, watch.steps) == (12, False, 3)
     assert watch.limit(48) == 48  # nothing waited: the launch's limit stands

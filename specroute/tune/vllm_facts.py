@@ -21,10 +21,12 @@ import msgspec
 
 from specroute.bench.client import BenchClient
 from specroute.bench.probes import ServerFacts
-from specroute.pool.engines import parse_vllm_metrics
+from specroute.prometheus import VLLM_PREFIX, read_samples, vllm_values
 
 __all__ = ["POLL_S", "LoadWatch", "as_launched"]
 
+_RUNNING, _WAITING = "num_requests_running", "num_requests_waiting"
+_PER_POS = VLLM_PREFIX + "spec_decode_num_accepted_tokens_per_pos_total"
 POLL_S = 0.2
 """Seconds between two reads of the server's `/metrics` during the sweeps."""
 
@@ -39,13 +41,17 @@ class LoadWatch:
         self.steps: int | None = None
 
     def read(self, text: str) -> None:
-        metrics = parse_vllm_metrics(text)
-        if metrics.running is not None:
-            self.peak = max(self.peak, int(metrics.running))
-        if metrics.queued:
+        """One scrape: the gauges summed over engines (data-parallel ranks), and K as the
+        number of distinct `position` labels (each engine repeats them)."""
+        values = vllm_values(text, (_RUNNING, _WAITING)) or {}
+        if _RUNNING in values:
+            self.peak = max(self.peak, int(sum(values[_RUNNING])))
+        if sum(values.get(_WAITING, ())) > 0:
             self.waited = True
-        if metrics.steps is not None:
-            self.steps = int(metrics.steps)
+        lines = "\n".join(ln for ln in text.splitlines() if ln.startswith(_PER_POS))
+        positions = {s.labels.get("position") for s in read_samples(lines) or ()}
+        if positions:
+            self.steps = len(positions)
 
     async def watch(self, client: BenchClient, url: str) -> None:
         while True:
