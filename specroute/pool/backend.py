@@ -47,7 +47,7 @@ class Backend:
         tuned_capacity: Mapping[int, int] | None = None,
     ) -> None:
         self.config = config
-        self.tuned_capacity = dict(tuned_capacity or {})
+        self.tuned_capacity: Mapping[int, int] = tuned_capacity or {}
         """The batch limit a tune measured per depth (`--prior`): a vLLM server's capacity
         where neither the server nor the operator gives one."""
         self.name = config.label

@@ -186,8 +186,7 @@ class Tuner:
         facts = await self._facts(plan)
         started = time.monotonic()
         sweeps = {}
-        async with contextlib.AsyncExitStack() as stack:
-            watch = await stack.enter_async_context(self._vllm_watch(plan))
+        async with self._vllm_watch(plan) as watch:
             for kind in self.options.traffic:
                 self.progress.kind(kind.name)
                 settings = sweep_settings(self.options, plan, kind)
