@@ -98,6 +98,22 @@ def test_iteration_time_model_recovers_intercept_and_slope_from_noisy_gaps() -> 
     assert _seconds(model, 3, 13) == pytest.approx(0.0155 + 0.00027 * 52, rel=0.02)
 
 
+def test_a_server_held_at_one_batch_size_for_hours_keeps_its_iteration_time() -> None:
+    # A saturated server runs at its capacity (21 at depth 2): every gap at one batch size.
+    # Once the prior's pseudo-observations decayed, the sums left the slope to rounding and
+    # the fit at that very batch read up to 8x the gaps (a 12-hour simulated night-burst).
+    rng = random.Random(1)
+    model = IterationTimeModel(intercept=0.0167, slope=0.00026)
+    worst = 0.0
+    for i in range(30_000):
+        model.observe(63, 0.0333 * (1 + rng.gauss(0, 0.01)))
+        if i >= 1000:
+            worst = max(worst, abs(model.intercept + model.slope * 63 - 0.0333) / 0.0333)
+    assert worst < 0.01
+    assert _seconds(model, 2, 21) == pytest.approx(0.0333, rel=0.01)
+    assert 0.0001 < model.slope < 0.0005  # the prior's, not noise
+
+
 def test_iteration_time_model_keeps_its_prior_until_observations_arrive() -> None:
     model = IterationTimeModel(intercept=0.02, slope=0.0004)
     assert _seconds(model, 0, 100) == pytest.approx(0.06)
