@@ -4,10 +4,8 @@ vLLM serves no `/server_info` outside its developer mode, so a tune of vLLM cann
 batch limit back the way it reads SGLang's. Two things it can read while it sweeps:
 - the depth: vLLM registers one `vllm:spec_decode_num_accepted_tokens_per_pos` series per draft
   position (vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`), none without speculation;
-- the batch limit: `vllm:num_requests_running` stops rising where the scheduler admits no more,
-  `--max-num-seqs` or the KV blocks, whichever binds first (vllm/v1/core/sched/scheduler.py:
-  a waiting request stays waiting when `allocate_slots` finds no free block). Where requests waited,
-  the peak of running requests is that limit; where none waited, the launch's `--max-num-seqs`.
+- the batch limit: `vllm:num_requests_running` while requests wait (`specroute.batch_limit`,
+  which the proxy reads the same way); where none waited, the launch's `--max-num-seqs`.
 
 The gauges lag by seconds (vllm-project/vllm#49538); a peak held through a whole level of
 waiting requests still shows.
@@ -19,6 +17,7 @@ import asyncio
 
 import msgspec
 
+from specroute.batch_limit import BatchLimit
 from specroute.bench.client import BenchClient
 from specroute.bench.probes import ServerFacts
 from specroute.prometheus import VLLM_PREFIX, read_samples, vllm_values
@@ -32,22 +31,27 @@ POLL_S = 0.2
 
 
 class LoadWatch:
-    """The peak of running requests, whether any request waited, and the depth the
-    per-position counters show, over the reads `watch` makes until it is cancelled."""
+    """The peak of running requests, whether any request waited, the batch limit, and the
+    depth the per-position counters show, over the reads `watch` makes until it is cancelled."""
 
     def __init__(self) -> None:
         self.peak = 0
         self.waited = False
         self.steps: int | None = None
+        self.limits = BatchLimit()
+        """Keyed by depth 0: a tune's server runs one depth (its K is checked apart)."""
 
     def read(self, text: str) -> None:
         """One scrape: the gauges summed over engines (data-parallel ranks), and K as the
         number of distinct `position` labels (each engine repeats them)."""
         values = vllm_values(text, (_RUNNING, _WAITING)) or {}
-        if _RUNNING in values:
-            self.peak = max(self.peak, int(sum(values[_RUNNING])))
-        if sum(values.get(_WAITING, ())) > 0:
+        running = sum(values[_RUNNING]) if _RUNNING in values else None
+        waiting = sum(values[_WAITING]) if _WAITING in values else None
+        if running is not None:
+            self.peak = max(self.peak, int(running))
+        if waiting:
             self.waited = True
+        self.limits.read(0, running, waiting)
         lines = "\n".join(ln for ln in text.splitlines() if ln.startswith(_PER_POS))
         positions = {s.labels.get("position") for s in read_samples(lines) or ()}
         if positions:
@@ -61,8 +65,9 @@ class LoadWatch:
             await asyncio.sleep(POLL_S)
 
     def limit(self, launched: int) -> int:
-        """The batch limit the server held: the peak where requests waited, else the launch's."""
-        return min(self.peak, launched) if self.waited and self.peak > 0 else launched
+        """The batch limit the server held while requests waited, else the launch's."""
+        held = self.limits.at(0)
+        return min(held, launched) if held else launched
 
 
 def as_launched(

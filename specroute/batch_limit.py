@@ -1,0 +1,39 @@
+"""A vLLM server's batch limit where nothing states it, read from its load gauges.
+
+vLLM serves no `/server_info` outside its developer mode, and its limit is whichever binds
+first of `--max-num-seqs` and the KV blocks (vllm/v1/core/sched/scheduler.py: a waiting request
+stays waiting when `allocate_slots` finds no free block). While requests wait, the requests
+running are that limit. One read is not enough: a request that arrived between two scheduler
+steps shows as waiting beside a batch with room. A read counts only in a run of at least two
+reads at the same depth with requests waiting; the limit at a depth is the most requests such
+reads showed running (not the least of a run: a request that just finished leaves its slot
+empty until the next step, and the batch is full again then). `specroute tune` (its sweeps)
+and the proxy (its scrapes of a vLLM server launched without a prior) read it the same way.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BatchLimit"]
+
+
+class BatchLimit:
+    """The most requests a server ran, per depth, in runs of reads with requests waiting."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}
+        self._last: tuple[int, int] | None = None
+        """The previous read, where requests waited: (depth, running)."""
+
+    def read(self, steps: int | None, running: float | None, waiting: float | None) -> None:
+        """One read of the gauges (summed over data-parallel engines) at depth `steps`."""
+        if steps is None or running is None or waiting is None or waiting <= 0 or running < 1:
+            self._last = None
+            return
+        now = int(running)
+        if self._last is not None and self._last[0] == steps:
+            self.seen[steps] = max(self.seen.get(steps, 0), now, self._last[1])
+        self._last = (steps, now)
+
+    def at(self, steps: int | None) -> int | None:
+        """The limit seen at `steps`, or None where requests never waited twice running."""
+        return None if steps is None else self.seen.get(steps)
