@@ -7,8 +7,15 @@ running are that limit. One read is not enough: a request that arrived between t
 steps shows as waiting beside a batch with room. A read counts only in a run of at least two
 reads at the same depth with requests waiting; the limit at a depth is the most requests such
 reads showed running (not the least of a run: a request that just finished leaves its slot
-empty until the next step, and the batch is full again then). `specroute tune` (its sweeps)
-and the proxy (its scrapes of a vLLM server launched without a prior) read it the same way.
+empty until the next step, and the batch is full again then). `specroute tune` reads it
+through its sweeps (`tune/vllm_facts.py`).
+
+The proxy does not read it yet. Tried (2026-12-02): a vLLM backend without a figure took the
+limit its scrapes showed. The launched 1/2/3 mix without a prior gained (1215 to 1699 tok/s on
+the seed's depth-swing, virtual time), but three k2 servers lost 22% in the hot hour (4381 to
+3410): the first server to show its limit had it, the others none, and the policies' `load`
+(`policies/predict.py`) compares a count per unit of capacity with a raw count, so that server
+took twice its limit while the others sat half empty. Loads must compare alike first.
 """
 
 from __future__ import annotations
