@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specroute.batch_limit import BatchLimit
 from specroute.children import free_port, spawn, stop
 from specroute.tune.engine_facts import VLLM_CANNOT_TELL
 from specroute.tune.vllm_facts import LoadWatch
@@ -99,17 +98,3 @@ def test_load_watch_reads_the_limit_and_the_depth_from_vllms_metrics() -> None:
     watch.read(text(15, 0, 3))
     assert watch.limit(48) == 17
     assert watch.limit(16) == 16  # never above what the launch allows
-
-
-def test_a_limit_needs_requests_waiting_in_two_reads_running_at_one_depth() -> None:
-    limits = BatchLimit()
-    limits.read(2, 9, 1)  # one arrival between two scheduler steps
-    limits.read(2, 10, 0)
-    assert limits.at(2) is None
-    limits.read(2, 21, 4)
-    limits.read(2, 20, 3)  # a slot freed a moment: still a full batch a step later
-    assert limits.at(2) == 21
-    limits.read(3, 17, 2)  # the first read at a new depth
-    assert limits.at(3) is None
-    limits.read(3, 16, 2)
-    assert (limits.at(2), limits.at(3)) == (21, 17)

@@ -4,8 +4,13 @@ vLLM serves no `/server_info` outside its developer mode, so a tune of vLLM cann
 batch limit back the way it reads SGLang's. Two things it can read while it sweeps:
 - the depth: vLLM registers one `vllm:spec_decode_num_accepted_tokens_per_pos` series per draft
   position (vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`), none without speculation;
-- the batch limit: `vllm:num_requests_running` while requests wait (`specroute.batch_limit`,
-  which the proxy reads the same way); where none waited, the launch's `--max-num-seqs`.
+- the batch limit: whichever binds first of `--max-num-seqs` and the KV blocks
+  (vllm/v1/core/sched/scheduler.py: a waiting request stays waiting when `allocate_slots` finds
+  no free block), so `vllm:num_requests_running` while requests wait. One read is not enough: a
+  request that arrived between two scheduler steps shows as waiting beside a batch with room.
+  A read counts only in a run of at least two reads with requests waiting, and the limit is the
+  most running such reads showed (not the least of a run: a slot a finished request freed is
+  filled a step later). Where none waited, the launch's `--max-num-seqs`.
 
 The gauges lag by seconds (vllm-project/vllm#49538); a peak held through a whole level of
 waiting requests still shows.
@@ -17,7 +22,6 @@ import asyncio
 
 import msgspec
 
-from specroute.batch_limit import BatchLimit
 from specroute.bench.client import BenchClient
 from specroute.bench.probes import ServerFacts
 from specroute.prometheus import VLLM_PREFIX, read_samples, vllm_values
@@ -38,8 +42,10 @@ class LoadWatch:
         self.peak = 0
         self.waited = False
         self.steps: int | None = None
-        self.limits = BatchLimit()
-        """Keyed by depth 0: a tune's server runs one depth (its K is checked apart)."""
+        self.held = 0
+        """The most requests running in runs of two or more reads with requests waiting."""
+        self._waiting_read: int | None = None
+        """Running requests at the previous read, if requests waited then."""
 
     def read(self, text: str) -> None:
         """One scrape: the gauges summed over engines (data-parallel ranks), and K as the
@@ -51,7 +57,12 @@ class LoadWatch:
             self.peak = max(self.peak, int(running))
         if waiting:
             self.waited = True
-        self.limits.read(0, running, waiting)
+        if running is None or not waiting:
+            self._waiting_read = None
+        else:
+            if self._waiting_read is not None:
+                self.held = max(self.held, int(running), self._waiting_read)
+            self._waiting_read = int(running)
         lines = "\n".join(ln for ln in text.splitlines() if ln.startswith(_PER_POS))
         positions = {s.labels.get("position") for s in read_samples(lines) or ()}
         if positions:
@@ -66,8 +77,7 @@ class LoadWatch:
 
     def limit(self, launched: int) -> int:
         """The batch limit the server held while requests waited, else the launch's."""
-        held = self.limits.at(0)
-        return min(held, launched) if held else launched
+        return min(self.held, launched) if self.held else launched
 
 
 def as_launched(
