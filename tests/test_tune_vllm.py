@@ -90,11 +90,7 @@ def test_load_watch_reads_the_limit_and_the_depth_from_vllms_metrics() -> None:
     watch.read(text(12, 0, 3))
     assert (watch.peak, watch.waited, watch.steps) == (12, False, 3)
     assert watch.limit(48) == 48  # nothing waited: the launch's limit stands
-    watch.read(text(11, 2, 3))  # one read with requests waiting: an arrival between steps
-    watch.read(text(15, 0, 3))
-    assert watch.limit(48) == 48
     watch.read(text(17, 9, 3))
-    watch.read(text(16, 6, 3))  # waiting in two reads running: the batch is full
     watch.read(text(15, 0, 3))
     assert watch.limit(48) == 17
     assert watch.limit(16) == 16  # never above what the launch allows

@@ -4,13 +4,10 @@ vLLM serves no `/server_info` outside its developer mode, so a tune of vLLM cann
 batch limit back the way it reads SGLang's. Two things it can read while it sweeps:
 - the depth: vLLM registers one `vllm:spec_decode_num_accepted_tokens_per_pos` series per draft
   position (vllm/v1/spec_decode/metrics.py, `SpecDecodingProm`), none without speculation;
-- the batch limit: whichever binds first of `--max-num-seqs` and the KV blocks
-  (vllm/v1/core/sched/scheduler.py: a waiting request stays waiting when `allocate_slots` finds
-  no free block), so `vllm:num_requests_running` while requests wait. One read is not enough: a
-  request that arrived between two scheduler steps shows as waiting beside a batch with room.
-  A read counts only in a run of at least two reads with requests waiting, and the limit is the
-  most running such reads showed (not the least of a run: a slot a finished request freed is
-  filled a step later). Where none waited, the launch's `--max-num-seqs`.
+- the batch limit: `vllm:num_requests_running` stops rising where the scheduler admits no more,
+  `--max-num-seqs` or the KV blocks, whichever binds first (vllm/v1/core/sched/scheduler.py:
+  a waiting request stays waiting when `allocate_slots` finds no free block). Where requests waited,
+  the peak of running requests is that limit; where none waited, the launch's `--max-num-seqs`.
 
 The gauges lag by seconds (vllm-project/vllm#49538); a peak held through a whole level of
 waiting requests still shows.
@@ -35,34 +32,22 @@ POLL_S = 0.2
 
 
 class LoadWatch:
-    """The peak of running requests, whether any request waited, the batch limit, and the
-    depth the per-position counters show, over the reads `watch` makes until it is cancelled."""
+    """The peak of running requests, whether any request waited, and the depth the
+    per-position counters show, over the reads `watch` makes until it is cancelled."""
 
     def __init__(self) -> None:
         self.peak = 0
         self.waited = False
         self.steps: int | None = None
-        self.held = 0
-        """The most requests running in runs of two or more reads with requests waiting."""
-        self._waiting_read: int | None = None
-        """Running requests at the previous read, if requests waited then."""
 
     def read(self, text: str) -> None:
         """One scrape: the gauges summed over engines (data-parallel ranks), and K as the
         number of distinct `position` labels (each engine repeats them)."""
         values = vllm_values(text, (_RUNNING, _WAITING)) or {}
-        running = sum(values[_RUNNING]) if _RUNNING in values else None
-        waiting = sum(values[_WAITING]) if _WAITING in values else None
-        if running is not None:
-            self.peak = max(self.peak, int(running))
-        if waiting:
+        if _RUNNING in values:
+            self.peak = max(self.peak, int(sum(values[_RUNNING])))
+        if sum(values.get(_WAITING, ())) > 0:
             self.waited = True
-        if running is None or not waiting:
-            self._waiting_read = None
-        else:
-            if self._waiting_read is not None:
-                self.held = max(self.held, int(running), self._waiting_read)
-            self._waiting_read = int(running)
         lines = "\n".join(ln for ln in text.splitlines() if ln.startswith(_PER_POS))
         positions = {s.labels.get("position") for s in read_samples(lines) or ()}
         if positions:
@@ -76,8 +61,8 @@ class LoadWatch:
             await asyncio.sleep(POLL_S)
 
     def limit(self, launched: int) -> int:
-        """The batch limit the server held while requests waited, else the launch's."""
-        return min(self.held, launched) if self.held else launched
+        """The batch limit the server held: the peak where requests waited, else the launch's."""
+        return min(self.peak, launched) if self.waited and self.peak > 0 else launched
 
 
 def as_launched(
