@@ -56,6 +56,14 @@ def test_least_loaded_weighs_load_by_capacity() -> None:
     assert decision.reason == "lowest load 0.15 req/slot (3 in flight)"
 
 
+def test_least_loaded_compares_a_server_whose_limit_is_unknown_on_the_same_scale() -> None:
+    # Twins: one has shown its limit (21), the other not yet; the one with fewer requests wins.
+    view = PoolView(backends=(_backend("shown", 10, capacity=21), _backend("unknown", 5, None)))
+    assert LeastLoaded().choose(REQUEST, view).backend == "unknown"
+    view = PoolView(backends=(_backend("shown", 4, capacity=21), _backend("unknown", 5, None)))
+    assert LeastLoaded().choose(REQUEST, view).backend == "shown"
+
+
 def test_least_loaded_counts_the_backends_own_queue() -> None:
     view = PoolView(backends=(_backend("a", 0, queued=5), _backend("b", 1)))
     assert LeastLoaded().choose(REQUEST, view).backend == "b"

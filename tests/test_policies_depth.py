@@ -85,6 +85,14 @@ def test_threshold_spreads_instead_of_piling_onto_the_preferred_depth() -> None:
     assert policy.choose(GREEDY, view).backend == "k2"  # 0.15 + 0.1 < 0.45
 
 
+def test_threshold_weighs_a_server_whose_limit_is_unknown_like_its_neighbours() -> None:
+    # k2 has not said its limit: its 2 requests count against the 20 slots k3 has, not as 2.0.
+    policy = Threshold(ThresholdOptions(table="inf:3", spread=0.1))
+    unknown = msgspec.structs.replace(_backend("k2", 2, 2), capacity=None, limit=None)
+    view = _view(unknown, _backend("k3", 3, 8))
+    assert policy.choose(GREEDY, view).backend == "k2"  # 0.1 + 0.1 < 0.4
+
+
 def test_threshold_never_queues_behind_a_full_server_while_another_has_room() -> None:
     # The preferred depth 0 is full (1 of 1); depth 7 has room but is 7 steps away: its score
     # (0 + 0.5 x 7) is worse than the full one's (1 + 0), and still it must take the request.

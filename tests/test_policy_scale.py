@@ -19,7 +19,7 @@ from specroute.policies import (
     create,
 )
 from specroute.policies.groups import level
-from specroute.policies.predict import has_room, load, predict
+from specroute.policies.predict import has_room, loads, predict
 
 GREEDY = RouteRequest(route="chat", model="m", workload_class="m:greedy", stream=True)
 SAMPLED = RouteRequest(route="chat", model="m", workload_class="m:sampled", stream=True)
@@ -27,17 +27,23 @@ CLASSES = {
     "m:greedy": ClassEstimate(alpha=0.95, samples=50, mean_tokens=300),
     "m:sampled": ClassEstimate(alpha=0.45, samples=50, mean_tokens=300),
 }
-CONFIGS = [(1, 26), (2, 21), (3, 17), (3, 30)]  # (depth, capacity): two groups at depth 3
+CONFIGS: list[tuple[int, int | None]] = [(1, 26), (2, 21), (3, 17), (3, 30), (2, None)]
+"""(depth, capacity): two groups at depth 3; a k2 server that has not said its limit."""
 
 
 def _backend(name: str, config: int, in_flight: int, queued: int | None = None) -> BackendView:
     steps, capacity = CONFIGS[config]
     return BackendView(
         name=name, url=f"http://{name}", model="m", steps=steps, algorithm="EAGLE",
-        adaptive=False, capacity=capacity, limit=2 * capacity, healthy=True,
-        in_flight=in_flight, queued=queued, iteration_intercept_s=0.02,
+        adaptive=False, capacity=capacity, limit=None if capacity is None else 2 * capacity,
+        healthy=True, in_flight=in_flight, queued=queued, iteration_intercept_s=0.02,
         iteration_per_token_s=0.0003,
     )  # fmt: skip
+
+
+def _load(backend: BackendView, among: list[BackendView]) -> float:
+    """`backend`'s load on the scale of `among` (`loads`)."""
+    return loads(among)[[b.name for b in among].index(backend.name)]
 
 
 def _view(backends: list[BackendView], candidates: Candidates | None = None) -> PoolView:
@@ -87,7 +93,7 @@ def test_groups_keep_members_in_load_order_as_counts_change(
         assert groups.capacity_total == sum(v.capacity or 0 for _, v in current.values())
 
 
-_pools = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 40)), min_size=1, max_size=12).map(
+_pools = st.lists(st.tuples(st.integers(0, 4), st.integers(0, 40)), min_size=1, max_size=12).map(
     lambda rows: [_backend(f"b{i}", c, n) for i, (c, n) in enumerate(rows)]
 )
 
@@ -103,7 +109,7 @@ def test_grouped_decisions_match_a_scan_of_every_backend(
     room = [b for b in backends if has_room(b)] or backends
 
     chosen = by_name[create("least_loaded").choose(request, grouped).backend]
-    assert load(chosen) == min(load(b) for b in backends)
+    assert _load(chosen, backends) == min(loads(backends))
 
     for objective in ("throughput", "latency"):
         policy = create(f"throughput:objective={objective}")
@@ -117,14 +123,18 @@ def test_grouped_decisions_match_a_scan_of_every_backend(
     chosen = by_name[create("static:steps=3").choose(request, grouped).backend]
     depth = min({b.steps or 0 for b in room}, key=lambda k: (abs(k - 3), -k))
     assert chosen.steps == depth
-    assert load(chosen) == min(load(b) for b in room if b.steps == depth)
+    at_depth = [b for b in room if b.steps == depth]
+    assert _load(chosen, at_depth) == min(loads(at_depth))
 
     threshold = create("threshold:table=0.3:3 inf:1")
     chosen = by_name[threshold.choose(request, grouped).backend]
-    pool_load = (sum(b.in_flight for b in backends) + 1) / sum(b.capacity or 0 for b in backends)
-    wanted = 3 if pool_load <= 0.3 else 1
-    scores = [load(b) + 0.1 * abs((b.steps or 0) - wanted) for b in backends]
-    assert load(chosen) + 0.1 * abs((chosen.steps or 0) - wanted) <= min(scores) + 1e-12
+    capacity = sum(b.capacity or 0 for b in backends)
+    wanted = 3 if capacity and (sum(b.in_flight for b in backends) + 1) / capacity <= 0.3 else 1
+    scores = [
+        x + 0.1 * abs((b.steps or 0) - wanted) for b, x in zip(room, loads(room), strict=True)
+    ]
+    mine = _load(chosen, room) + 0.1 * abs((chosen.steps or 0) - wanted)
+    assert mine <= min(scores) + 1e-12
 
 
 @settings(max_examples=60, deadline=None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specroute.policies.groups import batch, candidates_of
-from specroute.policies.predict import load
+from specroute.policies.predict import loads
 from specroute.policies.types import BackendView, Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["LeastLoaded", "RoundRobin", "lowest_load"]
@@ -13,9 +13,9 @@ __all__ = ["LeastLoaded", "RoundRobin", "lowest_load"]
 
 def lowest_load(backends: Sequence[BackendView], turn: int) -> tuple[BackendView, float]:
     """The backend with the lowest load of `backends` (ties: the `turn`-th), and that load."""
-    loads = [load(b) for b in backends]
-    lowest = min(loads)
-    tied = [b for b, x in zip(backends, loads, strict=True) if x == lowest]
+    each = loads(backends)
+    lowest = min(each)
+    tied = [b for b, x in zip(backends, each, strict=True) if x == lowest]
     return tied[turn % len(tied)], lowest
 
 

@@ -10,7 +10,7 @@ import math
 import msgspec
 
 from specroute.policies.groups import batch, candidates_of
-from specroute.policies.predict import load, with_room
+from specroute.policies.predict import loads, with_room
 from specroute.policies.types import Decision, Outcome, PoolView, RouteRequest
 
 __all__ = ["Threshold", "ThresholdOptions", "parse_table"]
@@ -75,7 +75,10 @@ class Threshold:
         # full backend only when every one is full (the depth preference never queues a
         # request behind a full server while another has room).
         bests = with_room(candidates_of(view).bests(self._turn))
-        scores = [load(b) + spread * abs((b.steps or 0) - wanted) for b in bests]
+        scores = [
+            x + spread * abs((b.steps or 0) - wanted)
+            for b, x in zip(bests, loads(bests), strict=True)
+        ]
         best = min(scores)
         tied = [b for b, x in zip(bests, scores, strict=True) if x <= best + 1e-12]
         chosen = tied[self._turn % len(tied)]
