@@ -39,7 +39,7 @@ CACHE = ROOT / "benchmarks" / "results" / "vllm-bound"
 LOOP = ("specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py")
 OWN = ("benchmarks/vllm_pools.py", "benchmarks/depth_bound.py", "specroute/pool/load.py",
        "specroute/pool/engines.py", "specroute/pool/index.py",
-       "specroute/emulator/vllm_schedule.py")  # fmt: skip
+       "specroute/emulator/vllm_schedule.py", "specroute/batch_limit.py")  # fmt: skip
 Job = tuple[str, str, str, int, bool]
 ORDER = ["policy-eval", "depth-flap", "depth-temperature-swing", "depth-ramp", "depth-quiet-3",
          "depth-swing"]  # fmt: skip

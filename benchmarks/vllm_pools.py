@@ -39,6 +39,7 @@ from policy_sim import Node, Req
 from sim_results import SimResult
 from vllm_table import MAX_K, Table, operator_table
 
+from specroute.batch_limit import BatchLimit
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.config import HealthConfig, ReplicasConfig
 from specroute.emulator.engine import Engine
@@ -78,6 +79,8 @@ class VllmNode(Node):
     accept_length: float | None = None
     scraped: int | None = None
     """The gauges' sum at the last scrape."""
+    limits: BatchLimit = field(default_factory=BatchLimit)
+    """The batch limit per depth the proxy read from the scrapes (`Backend.seen_limits`)."""
 
     def add(self, delta: int, now: float) -> None:
         super().add(delta, now)
@@ -171,7 +174,10 @@ class VllmSim(DepthSim):
             await self.sleep(SCRAPE_S)
             for i, (node, slot) in enumerate(zip(self.nodes, self.slots, strict=True)):
                 if slot.state != "starting":
-                    node.scraped = node.gauge(self.now)
+                    node.scraped = total = node.gauge(self.now)
+                    if not self.table:  # what `Backend.scraped` reads of vLLM's two gauges
+                        cap = node.engine.max_running_requests
+                        node.limits.read(node.engine.steps, min(total, cap), max(0, total - cap))
                     node.mark.scraped(node.scraped, node.in_flight, self.now, self._lag(i))
                     node.scraped_accept_length()
             self.phantom.append(sum(n.mark.others for n in self.nodes))
@@ -185,11 +191,13 @@ class VllmSim(DepthSim):
     def capacity_of(self, i: int) -> int | None:
         """A vLLM server's batch limit as the proxy knows it (`Backend.capacity`): vLLM reports
         none and `launch` configures none, so the tune's figure at the depth it runs (the
-        prior's), else nothing; none for a dynamic-K server (no one depth)."""
+        prior's), else the one its scrapes showed there; none for a dynamic-K server (no one
+        depth)."""
         node, slot = self.nodes[i], self.slots[i]
         if self.table or slot.state == "starting":
             return None
-        return self.tuned_capacity.get(node.engine.steps)
+        tuned = self.tuned_capacity.get(node.engine.steps)
+        return tuned if tuned is not None else node.limits.at(node.engine.steps)
 
     def in_flight_limit(self, i: int) -> int | None:
         cap = self.capacity_of(i)

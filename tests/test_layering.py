@@ -51,6 +51,7 @@ LEAVES = frozenset(
         "plotting",  # matplotlib for the PNG writers (bench, tune), or what to install
         "structdoc",  # field docstrings and type words for help and the example config
         "lanes",  # a request's latency lane: its config and the rule that picks it
+        "batch_limit",  # a vLLM server's batch limit read from its scrapes (the pool)
         "wire",  # the admin contract (/pool, /plan, holds) that the proxy and the loop decode
     }
 )

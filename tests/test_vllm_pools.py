@@ -115,3 +115,16 @@ def test_auto_tuned_is_what_launch_starts_from_the_vllm_tune_and_knows_only_its_
     bare = vllm_pools.VllmSim(PROFILE, vllm_pools.pools()["auto"])  # launch without a prior
     assert all(b.capacity is None and b.limit is None for b in bare.snapshot().backends)
     assert bare.snapshot().estimates.depths == {}
+
+
+def test_a_pool_without_a_prior_learns_each_servers_limit_once_requests_wait(
+    vllm_pools: ModuleType, tmp_path: Path
+) -> None:
+    # The launched 1/2/3 mix with no prior: vLLM reports no limit, so the proxy knows none
+    # until requests wait at a server, then the one its scrapes showed (`Backend.scraped`).
+    sim = vllm_pools.VllmSim(PROFILE, vllm_pools.pools()["mix-1-2-3"])
+    assert all(b.capacity is None and b.limit is None for b in sim.snapshot().backends)
+    sim.run(scenario(tmp_path, [(90, 60.0, GREEDY)]), "mix-1-2-3")
+    for backend, node in zip(sim.snapshot().backends, sim.nodes, strict=True):
+        assert backend.capacity == node.engine.max_running_requests
+        assert backend.limit == 2 * node.engine.max_running_requests

@@ -222,9 +222,11 @@ def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
         notes.append(keyless)
     if options.engine == "vllm" and options.prior is None:
         notes.append(
-            "warning: vLLM reports no batch limit, so the proxy has none to route or plan by "
-            "(its memory may hold fewer than --max-num-seqs); run `specroute tune --engine "
-            "vllm` and pass its prior.json with --prior: it measured each depth's limit"
+            "warning: vLLM reports no batch limit: the proxy has none to route or plan by "
+            "until requests wait at a server (then it reads the limit from the server's "
+            "gauges), and none for a depth no server has run (its memory may hold fewer than "
+            "--max-num-seqs); run `specroute tune --engine vllm` and pass its prior.json with "
+            "--prior: it measured each depth's limit"
         )
     return notes
 

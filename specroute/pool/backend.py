@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from specroute.batch_limit import BatchLimit
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
 from specroute.policies import BackendView
 from specroute.pool.breaker import CircuitBreaker
@@ -77,6 +78,9 @@ class Backend:
         """Its batch limit as the server or the operator gives it (`capacity` adds the tune's)."""
         self.metrics = BackendMetrics()
         self.engine: Engine | None = None if config.engine == "auto" else config.engine
+        self.seen_limits = BatchLimit()
+        """A vLLM server's batch limit per depth, read from its scrapes while requests waited:
+        its capacity where neither it, the operator nor a prior gives one."""
 
     # Discovery ---------------------------------------------------------------------------
     names_changed = 0
@@ -155,11 +159,21 @@ class Backend:
     @property
     def capacity(self) -> int | None:
         """Its batch limit: the server's or the operator's; for a vLLM server that gives none,
-        what the tune measured at the depth it runs now (so it follows a restart's depth)."""
+        what the tune measured at the depth it runs now (so it follows a restart's depth), else
+        what its scrapes showed it hold at that depth while requests waited."""
         if self.reported_capacity is not None or self.engine != "vllm":
             return self.reported_capacity
         steps = self.steps
-        return None if steps is None or self.adaptive else self.tuned_capacity.get(steps)
+        if steps is None or self.adaptive:
+            return None
+        tuned = self.tuned_capacity.get(steps)
+        return tuned if tuned is not None else self.seen_limits.at(steps)
+
+    def scraped(self, metrics: BackendMetrics) -> None:
+        """A /metrics answer: the gauges, and what a vLLM server's show of its batch limit."""
+        self.metrics = metrics
+        if self.engine == "vllm" and not self.adaptive:
+            self.seen_limits.read(self.steps, metrics.running, metrics.queued)
 
     @property
     def limit(self) -> int | None:

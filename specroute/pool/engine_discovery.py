@@ -55,5 +55,5 @@ async def discover_vllm(get: Getter, backend: Backend) -> None:
         backend.apply_models(models)
     status, body = await get("/metrics")
     if status == 200:
-        backend.metrics = parse_vllm_metrics(body.decode("utf-8", "replace"), backend.metrics)
+        backend.scraped(parse_vllm_metrics(body.decode("utf-8", "replace"), backend.metrics))
     backend.apply_vllm(vllm_settings(info) if info is not None else None)

@@ -151,7 +151,7 @@ class Scraper:
             text = body.decode("utf-8", "replace")
             vllm = backend.engine == "vllm"
             metrics = parse_vllm_metrics(text, backend.metrics) if vllm else parse_metrics(text)
-            backend.metrics = metrics
+            backend.scraped(metrics)
             self._index.scraped(backend, metrics, answered)
             self.parse_s += time.monotonic() - answered
             self.scrapes += 1
