@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from specroute.children import bound_socket, spawn, stop, wait_ready_sync
 
-__all__ = ["Server", "bound_socket", "closed_port", "refused_url", "run_server", "start_emulator"]
+__all__ = [
+    "Server",
+    "bound_socket",
+    "closed_port",
+    "free_run",
+    "refused_url",
+    "run_server",
+    "start_emulator",
+]
 
 
 @dataclass
@@ -38,6 +48,36 @@ def closed_port() -> Iterator[int]:
     with socket.socket() as sock:  # no SO_REUSEADDR: nobody else may bind it meanwhile
         sock.bind(("127.0.0.1", 0))
         yield int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out for outgoing connections and `bind(0)`."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_run(count: int, avoid: Collection[int] = ()) -> int:
+    """A first port such that `count` ports from it are free now, for `launch --base-port`
+    (server i listens on base + i, for its whole life and again after each restart). Taken
+    below the kernel's ephemeral range: there no outgoing connection's local port and no
+    `bind(0)` of another test worker lands on it while a server is down between restarts
+    (a run from `free_port()` lost its second port that way under two workers)."""
+    high = _ephemeral_low() - count
+    for _ in range(100):
+        base = random.randrange(10_000, high)
+        ports = range(base, base + count)
+        if any(p in avoid for p in ports):
+            continue
+        try:
+            for port in ports:
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no run of {count} free ports below {high + count}")
 
 
 @contextlib.contextmanager

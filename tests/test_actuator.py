@@ -18,6 +18,7 @@ import httpx
 import msgspec
 import pytest
 from emulator_support import parse_metrics
+from servers import free_run
 
 from specroute.children import free_port
 from specroute.cli import build_parser
@@ -250,13 +251,13 @@ def test_an_adaptive_restart_names_its_tiers_file(tmp_path: Path) -> None:
 
 
 async def _launched(tmp_path: Path) -> tuple[Launcher, LaunchOptions]:
+    port = free_port()
     options = LaunchOptions(
-        model="emulated", steps=(1, 2), emulate=True, port=free_port(),
-        base_port=free_port(), policy="least_loaded", proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
+        model="emulated", steps=(1, 2), emulate=True, port=port,
+        base_port=free_run(2, avoid=(port,)), policy="least_loaded",
+        proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
         emulator_args=("--time-scale=10", "--startup-s=10"),
     )  # fmt: skip
-    if options.base_port == options.port or options.base_port + 1 == options.port:
-        return await _launched(tmp_path)
     settings = LaunchSettings(log_dir=tmp_path / "logs", drain_s=20, ready_timeout_s=60)
     launcher = Launcher(build_plan(options), settings, out=io.StringIO())
     await launcher.start()

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 from process_tree import Terminal, descendants, still_running
+from servers import free_run
 
 from specroute.children import bound_socket, free_port
 
@@ -36,24 +36,11 @@ def test_ctrl_c_on_the_demo_stops_everything_without_a_traceback(tmp_path: Path)
     assert "Stopped the proxy and the emulated servers." in terminal.out
 
 
-def _two_free_ports_in_a_row(avoid: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        try:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", base + 1))
-        except OSError:
-            continue
-        if avoid not in (base, base + 1):
-            return base
-    raise RuntimeError("no two free ports in a row")
-
-
 @pytest.mark.timeout(150)
 def test_ctrl_c_on_launch_emulate_stops_everything_without_a_traceback(tmp_path: Path) -> None:
     port = free_port()
     args = ["launch", "--emulate", "--steps", "1,2", "--port", str(port)]
-    base = _two_free_ports_in_a_row(avoid=port)
+    base = free_run(2, avoid=(port,))
     args += ["--base-port", str(base), "--log-dir", str(tmp_path / "logs")]
     terminal = Terminal(args, tmp_path)
     _ctrl_c_stops_cleanly(terminal, "Ctrl-C (or SIGTERM) stops everything.")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from litestar.testing import TestClient
+from servers import free_run
 
 from specroute.children import free_port, spawn, stop
 from specroute.emulator import EmulatorOptions
@@ -24,22 +24,6 @@ from specroute.emulator.seed import SEED_MAX_RUNNING_REQUESTS
 from specroute.emulator.server import create_app
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-
-
-def _free_run(count: int) -> int:
-    """A first port such that `count` ports from it are free now."""
-    for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no run of free ports")
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
@@ -69,7 +53,8 @@ class Launch:
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Launch]:
-    port, base = free_port(), _free_run(3)
+    port = free_port()
+    base = free_run(3, avoid=(port,))
     output = tmp_path / "launch.out"
     argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--steps", "1,2,3"]
     argv += ["--model", "tiny", "--port", str(port), "--base-port", str(base)]

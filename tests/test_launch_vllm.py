@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from emulator_support import wait_for
+from servers import free_run
 
 from specroute.children import free_port, spawn, stop
 from specroute.launch.argv import LaunchOptions, PlanError, build_plan, server_argv
@@ -81,7 +82,8 @@ def test_launch_warns_when_nothing_tells_the_proxy_a_vllm_servers_batch_limit() 
 
 
 def test_launched_emulated_vllm_pool_is_recognised_and_routed(tmp_path: Path) -> None:
-    port, base = free_port(), free_port()
+    port = free_port()
+    base = free_run(2, avoid=(port,))
     argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--engine", "vllm"]
     argv += ["--steps", "1,3", "--port", str(port), "--base-port", str(base)]
     argv += ["--log-dir", str(tmp_path / "logs"), "--emulator-arg=--time-scale=20"]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import free_run
 
 from specroute.children import free_port
 from specroute.cmdline import UsageError
@@ -79,7 +80,7 @@ def test_without_the_flag_no_daemon_and_no_client_flags() -> None:
 def _options(tmp_path: Path) -> LaunchOptions:
     return LaunchOptions(
         model="emulated", steps=(1, 3), engine="vllm", emulate=True, port=free_port(),
-        base_port=free_port(), policy="least_loaded", proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
+        base_port=free_run(2), policy="least_loaded", proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
         emulator_args=("--time-scale=40", f"--startup-s={CONFIGURED_S}"),
         weight_cache=str(tmp_path / "wc"),
     )  # fmt: skip
@@ -143,7 +144,7 @@ def test_an_emulated_pool_restarts_through_its_weight_cache(tmp_path: Path) -> N
 
 def test_a_daemon_that_dies_is_restarted(tmp_path: Path) -> None:
     options = LaunchOptions(model="emulated", steps=(0,), emulate=True, port=free_port(),
-                            base_port=free_port(), emulator_args=("--time-scale=40",),
+                            base_port=free_run(1), emulator_args=("--time-scale=40",),
                             weight_cache=str(tmp_path / "wc"))  # fmt: skip
 
     async def scenario() -> tuple[int | None, int | None, int]:

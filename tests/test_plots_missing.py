@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import refused_url
+from servers import free_run, refused_url
 
-from specroute.children import free_port
 from specroute.cli import main
 
 HINT = "pip install 'specroute[plot]'"
@@ -40,7 +39,7 @@ def test_tune_without_matplotlib_says_so_first_and_does_not_claim_tune_png(tmp_p
     out = tmp_path / "tune"
     argv = ["tune", "--emulate", "--steps", "1", "--concurrency", "1", "--temperature", "0",
             "--max-tokens", "8", "--prompt-words", "8", "--warmup", "1", "--time-scale", "10",
-            "--base-port", str(free_port()), "--out", str(out)]  # fmt: skip
+            "--base-port", str(free_run(1)), "--out", str(out)]  # fmt: skip
     code = NO_MATPLOTLIB + f"from specroute.cli import main; sys.exit(main({argv!r}))"
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=110, check=False

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from servers import free_run
 
-from specroute.children import free_port, spawn, stop
+from specroute.children import spawn, stop
 from specroute.cli import main
 from specroute.pool.prior import load_prior
 
@@ -47,7 +48,7 @@ class Run:
     def __init__(self, tmp_path: Path, out: Path, *extra: str, name: str = "run") -> None:
         self.output = tmp_path / f"{name}.out"
         argv = [sys.executable, "-m", "specroute", "tune", *TINY, "--out", str(out)]
-        argv += ["--base-port", str(free_port()), *extra]
+        argv += ["--base-port", str(free_run(1)), *extra]
         with self.output.open("wb") as fh:
             self.process = spawn(argv, stdout=fh, stderr=subprocess.STDOUT)
 

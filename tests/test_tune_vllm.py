@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specroute.children import free_port, spawn, stop
+from servers import free_run
+
+from specroute.children import spawn, stop
 from specroute.tune.engine_facts import VLLM_CANNOT_TELL
 from specroute.tune.vllm_facts import LoadWatch
 
@@ -23,7 +25,7 @@ def _tune(tmp_path: Path, *extra: str) -> Path:
     argv = [sys.executable, "-m", "specroute", "tune", *TINY, *extra, "--out", str(out)]
     with log.open("wb") as fh:
         process = spawn(
-            [*argv, "--base-port", str(free_port())], stdout=fh, stderr=subprocess.STDOUT
+            [*argv, "--base-port", str(free_run(1))], stdout=fh, stderr=subprocess.STDOUT
         )
         try:
             assert process.wait(timeout=120) == 0, log.read_text()
