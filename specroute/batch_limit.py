@@ -34,15 +34,20 @@ class BatchLimit:
         self._last: tuple[int, int] | None = None
         """The previous read, where requests waited: (depth, running)."""
 
-    def read(self, steps: int | None, running: float | None, waiting: float | None) -> None:
-        """One read of the gauges (summed over data-parallel engines) at depth `steps`."""
+    def read(self, steps: int | None, running: float | None, waiting: float | None) -> bool:
+        """One read of the gauges (summed over data-parallel engines) at depth `steps`; True
+        when it raised the limit seen there."""
         if steps is None or running is None or waiting is None or waiting <= 0 or running < 1:
             self._last = None
-            return
+            return False
         now = int(running)
+        raised = False
         if self._last is not None and self._last[0] == steps:
-            self.seen[steps] = max(self.seen.get(steps, 0), now, self._last[1])
+            before = self.seen.get(steps, 0)
+            self.seen[steps] = max(before, now, self._last[1])
+            raised = self.seen[steps] > before
         self._last = (steps, now)
+        return raised
 
     def at(self, steps: int | None) -> int | None:
         """The limit seen at `steps`, or None where requests never waited twice running."""

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 from emulator_support import wait_for
 from servers import Server, start_emulator
+from structlog.testing import capture_logs
 from test_proxy_vllm import API_KEY, MODEL, pool_of, serve
 
 from specroute.batch_limit import BatchLimit
@@ -45,9 +46,13 @@ def test_a_limit_needs_requests_waiting_in_two_reads_running_at_one_depth() -> N
 def test_a_vllm_backend_without_a_limit_takes_what_its_scrapes_showed_at_its_depth() -> None:
     backend = _backend(steps=2)
     assert (backend.capacity, backend.limit) == (None, None)
-    for running, waiting in ((21, 5), (21, 2)):
-        backend.scraped(BackendMetrics(running=running, queued=waiting))
+    with capture_logs() as logs:
+        for running, waiting in ((21, 5), (21, 2), (20, 3)):
+            backend.scraped(BackendMetrics(running=running, queued=waiting))
     assert (backend.capacity, backend.limit) == (21, 42)  # overcommit 2
+    seen = [e for e in logs if e["event"] == "batch_limit_seen"]  # once, not at every scrape
+    assert seen == [{"event": "batch_limit_seen", "log_level": "info", "backend": backend.name,
+                     "steps": 2, "limit": 21, "used": 21}]  # fmt: skip
     backend.configured_steps = 3  # restarted deeper: the prior's figure there
     assert backend.capacity == 17
     stated = _backend(steps=2, capacity=30)  # the operator's figure stands

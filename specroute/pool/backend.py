@@ -8,6 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
+
 from specroute.batch_limit import BatchLimit
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
 from specroute.policies import BackendView
@@ -17,6 +19,8 @@ from specroute.pool.estimators import IterationTimeModel
 from specroute.pool.promtext import BackendMetrics
 
 __all__ = ["Backend"]
+
+log = structlog.get_logger()
 
 
 def _int_or_none(value: object) -> int | None:
@@ -172,8 +176,13 @@ class Backend:
     def scraped(self, metrics: BackendMetrics) -> None:
         """A /metrics answer: the gauges, and what a vLLM server's show of its batch limit."""
         self.metrics = metrics
-        if self.engine == "vllm" and not self.adaptive:
-            self.seen_limits.read(self.steps, metrics.running, metrics.queued)
+        if self.engine != "vllm" or self.adaptive:
+            return
+        steps = self.steps
+        if self.seen_limits.read(steps, metrics.running, metrics.queued):
+            # What an operator looks for when a vLLM server's capacity appears in /pool.
+            log.info("batch_limit_seen", backend=self.name, steps=steps,
+                     limit=self.seen_limits.at(steps), used=self.capacity)  # fmt: skip
 
     @property
     def limit(self) -> int | None:
