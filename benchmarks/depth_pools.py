@@ -51,23 +51,25 @@ def prior_path(profile: str) -> Path:
     return TUNED / f"{profile}.json"
 
 
-def launched(profile: str, path: Path | None = None) -> LaunchDepths | None:
-    """What `specroute launch --prior P.json --servers 3` starts and lets the planner use,
-    by launch's own rule (`path`: the prior, by default the profile's SGLang tune); None when
-    no prior was tuned."""
+def launched(
+    profile: str, path: Path | None = None, users: int | None = None
+) -> LaunchDepths | None:
+    """What `specroute launch --prior P.json --servers 3 [--expected-users U]` starts and lets
+    the planner use, by launch's own rule (`path`: the prior, by default the profile's SGLang
+    tune); None when no prior was tuned."""
     path = path or prior_path(profile)
     if not path.exists():
         return None
     prior = decode_profile(path.read_bytes(), source=path.name)
     return launch_depths(steps=None, allowed=None, prior=prior, prior_name=path.name,
-                         servers=SERVERS)  # fmt: skip
+                         servers=SERVERS, users=users)  # fmt: skip
 
 
-def tuned(profile: str, path: Path | None = None) -> dict[str, PoolSpec]:
-    """`auto`, what `specroute launch --prior P.json --reconfigure auto` runs (the prior's pool
-    and depths, launch's default policy), and `launched`, the same never reconfigured; none
-    without a prior."""
-    depths = launched(profile, path)
+def tuned(profile: str, path: Path | None = None, users: int | None = None) -> dict[str, PoolSpec]:
+    """`auto`, what `specroute launch --prior P.json [--expected-users U] --reconfigure auto`
+    runs (the prior's pool and depths, launch's default policy), and `launched`, the same never
+    reconfigured; none without a prior."""
+    depths = launched(profile, path, users)
     if depths is None:
         return {}
     chosen = tuple(Setting(steps=k) for k in depths.steps)

@@ -65,7 +65,12 @@ def run_pool(profile: str, pool: str, scenario: Scenario, seed: int, table_for: 
 def _steady(trace: str, pool: str) -> bool:
     """Whether `pool` is measured on samples of each phase (`sampled`)."""
     long = all(p.duration >= WARM_S + SAMPLE_S for p in load_scenario(TRACES[trace]).phases)
-    return long and pool not in AUTO
+    return long and not _loop(pool)
+
+
+def _loop(pool: str) -> bool:
+    """Whether `pool` runs the depth loop (auto and its variants, `auto-tuned-uN` included)."""
+    return pool in AUTO or pool.startswith("auto-")
 
 
 def sampled(profile: str, pool: str, scenario: Scenario, seed: int) -> Run:
@@ -138,9 +143,11 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
     for group in (allowed, deeper):
         best = max(group, key=rate.__getitem__) if group else None
         cells.append(f"{best} {rate[best]:.0f}: {_pct(auto, rate[best])}" if best else "-")
+    # `auto-tuned-uN` against its own launched pool, `launched-tuned-uN`
+    never = "launched" + name[len("auto") :] if name.startswith("auto-tuned") else "launched-tuned"
     cells += [
         f"{rate[pool]:.0f}: {_pct(auto, rate[pool])}" if pool in rate else "-"
-        for pool in ("mix-1-2-3", "launched-tuned", "dynamic", SHALLOW_TABLE)
+        for pool in ("mix-1-2-3", never, "dynamic", SHALLOW_TABLE)
     ]
     for pool in ("dynamic", SHALLOW_TABLE):
         table = runs[pool].table if pool in runs else ()
@@ -187,12 +194,11 @@ def main() -> None:
     for job in jobs:
         grouped.setdefault((job[0], job[1]), {})[job[2]] = done[job]
     for (profile, trace), runs in grouped.items():
-        for name in AUTO:
-            if name in runs:
-                print(row(profile, trace, runs, name))
+        for name in (n for n in runs if _loop(n)):
+            print(row(profile, trace, runs, name))
     if args.detail:
         for (profile, trace), runs in grouped.items():
-            for name in (n for n in AUTO if n in runs):
+            for name in (n for n in runs if _loop(n)):
                 moves = ", ".join(f"{r.began:.0f}s {r.server} {r.before}->{r.after}"
                                   for r in runs[name].result.restarts)  # fmt: skip
                 print(f"- {profile} / {trace} / {name}: {moves or 'no restart'}")

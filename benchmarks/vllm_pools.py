@@ -266,11 +266,20 @@ TUNED = ROOT / "benchmarks" / "results" / "vllm-bound" / "tune"
 `P.json` (`benchmarks/results/vllm-bound/tune/README.md` has the commands)."""
 
 
+EXPECTED_USERS = (8, 16, 32)
+"""`--expected-users` the `-uN` pools launch with (the traces run 1 to 64 users at once)."""
+
+
 def tuned_pools(profile: str) -> dict[str, PoolSpec]:
     """`auto-tuned` and `launched-tuned` (its pool never reconfigured), from the profile's
-    vLLM tune; none where no vLLM tune was kept."""
-    specs = tuned(profile, TUNED / f"{profile}.json")
-    return {f"{name}-tuned": spec for name, spec in specs.items()}
+    vLLM tune, and the same launched with `--expected-users N` (`auto-tuned-uN`,
+    `launched-tuned-uN`); none where no vLLM tune was kept."""
+    path = TUNED / f"{profile}.json"
+    out = {f"{name}-tuned": spec for name, spec in tuned(profile, path).items()}
+    for users in EXPECTED_USERS:
+        specs = tuned(profile, path, users)
+        out.update({f"{name}-tuned-u{users}": spec for name, spec in specs.items()})
+    return out
 
 
 def vllm_pools() -> list[str]:
@@ -278,7 +287,9 @@ def vllm_pools() -> list[str]:
     limit, `-limits`), the tuned pool never reconfigured, fixed K 0..7, the operator's
     dynamic-K table."""
     fixed = (f"k{k}" for k in range(MAX_K + 1))
-    return [*AUTO, "mix-1-2-3", "mix-1-2-3-limits", "launched-tuned", *fixed, "dynamic"]
+    expected = (f"{name}-tuned-u{n}" for n in EXPECTED_USERS for name in ("auto", "launched"))
+    return [*AUTO, *expected, "mix-1-2-3", "mix-1-2-3-limits", "launched-tuned", *fixed,
+            "dynamic"]  # fmt: skip
 
 
 class Run(msgspec.Struct):
@@ -297,7 +308,7 @@ def simulate(
     """One pool on one trace (the dynamic pool's table written for `table_for`, by default
     the trace itself)."""
     table: Table = ()
-    if pool.endswith("-tuned"):
+    if "-tuned" in pool:
         specs = tuned_pools(profile)
         if pool not in specs:
             raise SystemExit(f"{pool}: no vLLM tune of {profile} in {TUNED}")

@@ -128,3 +128,17 @@ def test_a_pool_without_a_prior_learns_each_servers_limit_once_requests_wait(
     for backend, node in zip(sim.snapshot().backends, sim.nodes, strict=True):
         assert backend.capacity == node.engine.max_running_requests
         assert backend.limit == 2 * node.engine.max_running_requests
+
+
+@pytest.mark.parametrize("users", [8, 16, 32])
+def test_auto_tuned_for_expected_users_is_what_launch_starts_for_that_load(
+    vllm_pools: ModuleType, capsys: pytest.CaptureFixture[str], users: int
+) -> None:
+    # `auto-tuned-uN`: `specroute launch --engine vllm --prior P.json --expected-users N`.
+    spec = vllm_pools.tuned_pools(PROFILE)[f"auto-tuned-u{users}"]
+    assert main(["launch", "--emulate", "--engine", "vllm", "--dry-run", "--reconfigure", "auto",
+                 "--prior", str(spec.prior), "--expected-users", str(users)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"# --steps {','.join(str(s.steps) for s in spec.settings)}:" in out
+    assert f"for {users} requests at once" in out
+    assert vllm_pools.tuned_pools(PROFILE)[f"launched-tuned-u{users}"].settings == spec.settings
