@@ -27,7 +27,7 @@ import msgspec
 from depth_bound import PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
 from depth_pools import ROOT, PoolSpec
 from sim_results import BIN_S, SimResult
-from vllm_pools import AUTO, TUNED, Run, VllmSim, simulate, vllm_pools
+from vllm_pools import TUNED, Run, VllmSim, simulate, vllm_pools
 from vllm_table import MAX_K, Table, operator_table
 
 from specroute.bench.trace import Scenario, load_scenario
@@ -70,7 +70,7 @@ def _steady(trace: str, pool: str) -> bool:
 
 def _loop(pool: str) -> bool:
     """Whether `pool` runs the depth loop (auto and its variants, `auto-tuned-uN` included)."""
-    return pool in AUTO or pool.startswith("auto-")
+    return pool.startswith("auto")
 
 
 def sampled(profile: str, pool: str, scenario: Scenario, seed: int) -> Run:
@@ -101,7 +101,7 @@ def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
     how = "sampled" if _steady(trace, pool) else "whole"
     digest = hashlib.sha256(f"vllm {profile} {pool} {seed} {how}".encode())
     digest.update(TRACES[trace].read_bytes())
-    patterns = [*SOURCES, *OWN, *(LOOP if pool.startswith("auto") else ())]
+    patterns = [*SOURCES, *OWN, *(LOOP if _loop(pool) else ())]
     if pool.startswith("dynamic"):
         patterns.append("benchmarks/vllm_table.py")
     if pool.endswith("-tuned"):  # the vLLM tune the pool launches from

@@ -22,7 +22,6 @@ __all__ = [
     "accept_length",
     "has_room",
     "iteration_time",
-    "load",
     "loads",
     "mean_tokens",
     "predict",
@@ -32,29 +31,27 @@ __all__ = [
 _UNBOUNDED = 1 << 20  # capacity of a backend that did not say
 
 
-def load(backend: BackendView, capacity: float | None = None) -> float:
-    """Requests per unit of `capacity` (the backend's own by default; a raw count where there is
-    none): the pool's combined count where it has one (its scrape of the backend plus this
-    proxy's changes since), else this proxy's own plus the backend's queue from /metrics (what
-    other clients put there)."""
+def _work(backend: BackendView) -> int:
+    """Requests on the backend: the pool's combined count where it has one (its scrape of the
+    backend plus this proxy's changes since), else this proxy's own plus the backend's queue
+    from /metrics (what other clients put there)."""
     work = batch(backend)
-    if backend.combined is None:
-        work += max(0, backend.queued or 0)
-    capacity = backend.capacity if capacity is None else capacity
-    return work / capacity if capacity else float(work)
+    return work if backend.combined is not None else work + max(0, backend.queued or 0)
 
 
 def loads(backends: Sequence[BackendView]) -> list[float]:
-    """Each backend's `load` on one scale: a backend that did not say its capacity counts as
-    having the mean of the capacities the others said (each value once, so a configuration's
-    least loaded member, which speaks for it, gets the same figure as a scan of every member).
+    """Each backend's requests (`_work`) per unit of capacity, on one scale: a backend that did
+    not say its capacity counts as having the mean of the capacities the others said (each
+    value once, so a configuration's least loaded member, which speaks for it, gets the same
+    figure as a scan of every member).
     Comparing one server's requests per slot with another's raw count sent every request to
     the server whose limit was known (a vLLM server that had shown its limit beside twins that
     had not yet: three k2 servers lost 22% in the hot hour, 2026-12-02). Where none said, the
     raw counts."""
     known = {b.capacity for b in backends if b.capacity}
     stand_in = sum(known) / len(known) if known else None
-    return [load(b, b.capacity or stand_in) for b in backends]
+    scaled = ((_work(b), b.capacity or stand_in) for b in backends)
+    return [work / cap if cap else float(work) for work, cap in scaled]
 
 
 def has_room(backend: BackendView) -> bool:
