@@ -4,6 +4,7 @@ table that compares them phase by phase. Pure: no process, no socket."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -58,24 +59,44 @@ class Pool(msgspec.Struct, frozen=True, kw_only=True):
     reconfigure: str = "off"
     adaptive: bool = False
     """SGLang's `--speculative-adaptive` with its built-in tiers (depths up to 7)."""
+    table: tuple[tuple[int, int, int], ...] | None = None
+    """vLLM's `num_speculative_tokens_per_batch_size` (first batch, last batch, K), with
+    `steps` its `num_speculative_tokens`."""
 
 
-def pools(launched: tuple[int, ...], fixed: Sequence[int], servers: int) -> list[Pool]:
+def pools(
+    launched: tuple[int, ...],
+    fixed: Sequence[int],
+    servers: int,
+    dynamic: tuple[int, tuple[tuple[int, int, int], ...]] | None = None,
+) -> list[Pool]:
     """auto from the prior's pool; the same pool never reconfigured; `servers` alike at each
-    depth of `fixed` (one the launched pool already is runs once, as the launched pool);
-    `servers` SGLang-adaptive servers."""
+    depth of `fixed` (one the launched pool already is runs once, as the launched pool); then
+    the engine's own answer: `servers` SGLang-adaptive servers, or on vLLM (`dynamic`: its
+    `num_speculative_tokens` and table) `servers` running that dynamic-K table."""
     out = [Pool(name="auto", reconfigure="auto"), Pool(name="launched")]
     out += [Pool(name=f"k{k}", steps=(k,) * servers) for k in fixed if launched != (k,) * servers]
-    out.append(Pool(name="adaptive", steps=(3,) * servers, adaptive=True))
+    if dynamic is None:
+        out.append(Pool(name="adaptive", steps=(3,) * servers, adaptive=True))
+    else:
+        out.append(Pool(name="dynamic", steps=(dynamic[0],) * servers, table=dynamic[1]))
     return out
 
 
 def launch_argv(
-    pool: Pool, scaling: Scaling, *, python: str, prior: str, port: int, base_port: int, logs: str
+    pool: Pool,
+    scaling: Scaling,
+    *,
+    python: str,
+    prior: str,
+    port: int,
+    base_port: int,
+    logs: str,
+    engine: str = "sglang",
 ) -> list[str]:
     """The pool's `specroute launch` command line: every pool gets the same prior (the proxy
-    routes from it), emulator and scaling; only the steps and the loop differ."""
-    argv = [python, "-m", "specroute", "launch", "--emulate", "--prior", prior]
+    routes from it), engine, emulator and scaling; only the steps and the loop differ."""
+    argv = [python, "-m", "specroute", "launch", "--emulate", "--engine", engine, "--prior", prior]
     if pool.steps is not None:
         argv += ["--steps", ",".join(map(str, pool.steps))]
     argv += ["--port", str(port), "--base-port", str(base_port), "--log-dir", logs]
@@ -83,6 +104,9 @@ def launch_argv(
     argv += [*scaling.emulator_args(), *scaling.loop_flags()]
     if pool.adaptive:
         argv.append("--emulator-arg=--speculative-adaptive")
+    if pool.table is not None:
+        table = json.dumps([list(r) for r in pool.table], separators=(",", ":"))
+        argv.append(f"--emulator-arg=--num-speculative-tokens-per-batch-size={table}")
     argv += [f"--planner-option={k}={v:g}" for k, v in scaling.planner_options().items()]
     return argv
 

@@ -1,12 +1,16 @@
 """No regret over real HTTP: `specroute launch --emulate --reconfigure auto` with launch's
 defaults (the pool and depths a `specroute tune --emulate` prior over depths 0-7 recommends),
 beside the same pool never reconfigured, three servers alike at each depth that matters, and
-three SGLang-adaptive servers, all at once on loopback under the same trace (one
-`specroute bench trace` per pool, started together). Prints tok/s per phase and over the
+the engine's own answer (three SGLang-adaptive servers; with `--engine vllm`, three vLLM servers
+running the `num_speculative_tokens_per_batch_size` table an operator writes for the trace), all
+at once on loopback under the same trace (one `specroute bench trace` per pool, started
+together). Prints tok/s per phase and over the
 trace, errors, auto's restarts with their reasons and forecast against realized (`/plan`), and
 the machine's load (two shared cores: when the bench client may be the limit, it says so).
 
     .venv/bin/python benchmarks/live_reconfigure.py --out benchmarks/results/live-reconfigure
+    .venv/bin/python benchmarks/live_reconfigure.py --engine vllm \
+        --out benchmarks/results/live-reconfigure-vllm
 
 Time is shrunk (see `live_pools.Scaling`): the emulated GPU runs at `--time-scale` (0.25: four
 times slower, so 15 emulators, 5 proxies and 5 clients fit on two cores), while phases, start-up
@@ -28,9 +32,12 @@ import msgspec
 from live_pools import Pool, PoolResult, Scaling, launch_argv, pools, result_of, table, verdict
 from live_pools import accounts as account_lines
 from live_pools import loads as load_line
+from vllm_table import operator_table
 
 from specroute.bench.sweep import SweepResult
+from specroute.bench.trace import load_scenario
 from specroute.children import free_port, spawn, stop, wait_ready_sync
+from specroute.emulator.profiles import get_profile
 from specroute.launch.defaults import launch_depths
 from specroute.profile_format import decode_profile
 from specroute.wire import PlanDocument
@@ -51,7 +58,8 @@ def _tune(args: argparse.Namespace, out: Path) -> Path:
     by their speed relative to the live run's. A prior at another speed would tell the proxy
     and the planner of depths 1/time-scale times as fast as the servers they read."""
     argv = [sys.executable, "-m", "specroute", "tune", "--emulate", "--steps", args.tune_steps,
-            "--profile", args.profile, "--time-scale", f"{TUNE_SPEED / args.time_scale:g}",
+            "--engine", args.engine, "--profile", args.profile,
+            "--time-scale", f"{TUNE_SPEED / args.time_scale:g}",
             f"--emulator-arg=--time-scale={TUNE_SPEED:g}", "--temperature", "0,1",
             "--base-port", str(free_port()), "--out", str(out / "tune")]  # fmt: skip
     with (out / "tune.log").open("wb") as log:
@@ -74,12 +82,12 @@ class Running(msgspec.Struct, kw_only=True):
     folder: Path
 
 
-def _start(pool: Pool, scaling: Scaling, prior: Path, out: Path) -> Running:
+def _start(pool: Pool, scaling: Scaling, prior: Path, out: Path, engine: str) -> Running:
     folder = out / pool.name
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = launch_argv(pool, scaling, python=sys.executable, prior=str(prior), port=port,
-                       base_port=free_port(), logs=str(folder / "logs"))  # fmt: skip
+                       base_port=free_port(), logs=str(folder / "logs"), engine=engine)  # fmt: skip
     with (folder / "launch.log").open("wb") as log:
         launcher = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
     return Running(pool=pool, url=f"http://127.0.0.1:{port}", launcher=launcher, folder=folder)
@@ -148,6 +156,9 @@ def _collect(run: Running, launched: str) -> PoolResult:
     steps = ",".join(map(str, run.pool.steps)) if run.pool.steps else launched
     if run.pool.adaptive:
         steps = f"adaptive x{len(run.pool.steps or ())} (SGLang's tiers)"
+    if run.pool.table is not None:
+        ranges = " ".join(f"{a}-{b}:{k}" for a, b, k in run.pool.table)
+        steps = f"dynamic-K x{len(run.pool.steps or ())} (batch: K {ranges})"
     if run.pool.reconfigure == "auto":
         steps = f"{launched} -> {','.join(s.setting for s in plan.servers)}"
     result = result_of(
@@ -175,6 +186,7 @@ def _arguments() -> argparse.Namespace:
     add = parser.add_argument
     add("--scenario", default=str(ROOT / "scenarios" / "depth-live.toml"))
     add("--profile", default="seed-qwen35-122b")
+    add("--engine", choices=("sglang", "vllm"), default="sglang", help="the servers' engine")
     add("--time-scale", type=float, default=0.25, help="the emulated GPU's speed")
     add("--compress", type=float, default=0.2, help="phases, start-up, planner times x this")
     add("--fixed", default="2,3,7", help="depths of the three-alike pools")
@@ -189,7 +201,12 @@ def _arguments() -> argparse.Namespace:
         help="a planner setting in place of its compressed default, e.g. window_s=60",
     )
     add("--seed", type=int, default=0)
-    add("--out", type=Path, default=ROOT / "benchmarks" / "results" / "live-reconfigure")
+    add(
+        "--out",
+        type=Path,
+        default=None,
+        help="default: benchmarks/results/live-reconfigure (-vllm with --engine vllm)",
+    )
     add("--report", type=Path, default=None, metavar="DIR", help="print a saved run's report")
     return parser.parse_args()
 
@@ -200,7 +217,8 @@ def main() -> None:
         saved = msgspec.json.decode((args.report / "report.json").read_bytes(), type=Saved)
         print(_report(saved.results, saved.samples, saved.settings))
         return
-    out: Path = args.out
+    suffix = "-vllm" if args.engine == "vllm" else ""
+    out: Path = args.out or ROOT / "benchmarks" / "results" / f"live-reconfigure{suffix}"
     out.mkdir(parents=True, exist_ok=True)
     prior = args.prior or _tune(args, out)
     depths = launch_depths(steps=None, allowed=None, servers=args.servers,
@@ -210,7 +228,12 @@ def main() -> None:
     scaling = Scaling(profile=args.profile, time_scale=args.time_scale, compress=args.compress,
                       planner=planner)  # fmt: skip
     fixed = [int(k) for k in args.fixed.split(",")]
-    runs = [_start(p, scaling, prior, out) for p in pools(depths.steps, fixed, args.servers)]
+    dynamic = None
+    if args.engine == "vllm":  # the table an operator who knows the trace writes (vllm_table)
+        scenario = load_scenario(Path(args.scenario))
+        dynamic = operator_table(get_profile(args.profile), scenario, servers=args.servers)
+    chosen = pools(depths.steps, fixed, args.servers, dynamic)
+    runs = [_start(p, scaling, prior, out, args.engine) for p in chosen]
     try:
         for run in runs:
             wait_ready_sync(run.url + "/ready", process=run.launcher, within=600, poll_s=0.5,
@@ -224,7 +247,8 @@ def main() -> None:
                 run.launcher.send_signal(signal.SIGINT)
         for run in runs:
             stop(run.launcher, sig=signal.SIGINT, grace_s=60)
-    settings = (f"{Path(args.scenario).name} x {args.compress:g}, {args.profile} at time scale "
+    settings = (f"{Path(args.scenario).name} x {args.compress:g}, {args.engine} servers, "
+                f"{args.profile} at time scale "
                 f"{args.time_scale:g}, planner {scaling.planner_options()}; launch's pool "
                 f"{launched} ({depths.steps_from}); allowed "
                 f"{','.join(map(str, depths.allowed))}")  # fmt: skip

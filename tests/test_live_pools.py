@@ -73,6 +73,29 @@ def test_every_pool_is_a_launch_that_plans_its_servers_with_the_same_scaling(
         assert argv[argv.index("--min-dwell") + 1] == "180"
 
 
+def test_on_vllm_every_pool_launches_vllm_servers_and_the_engines_answer_is_its_table(
+    live: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    prior = _prior(tmp_path / "prior.json")
+    scaling = live.Scaling(time_scale=0.25, compress=0.2)
+    table = ((1, 12, 3), (13, 256, 2))
+    chosen = live.pools((1, 1, 1), fixed=[1, 3], servers=3, dynamic=(3, table))
+    assert [p.name for p in chosen] == ["auto", "launched", "k3", "dynamic"]
+    for pool in chosen:
+        argv = live.launch_argv(pool, scaling, python=sys.executable, prior=str(prior),
+                                port=8000, base_port=30000, logs=str(tmp_path),
+                                engine="vllm")  # fmt: skip
+        servers = _servers(argv, capsys)
+        assert len(servers) == 3
+        for line in servers:
+            assert "--engine vllm" in line
+            assert "--speculative-adaptive" not in line
+            dynamic = "'--num-speculative-tokens-per-batch-size=[[1,12,3],[13,256,2]]'" in line
+            assert dynamic == (pool.name == "dynamic")
+            if pool.name == "dynamic":
+                assert "--steps 3 " in line  # num_speculative_tokens: the table's deepest K
+
+
 def _result(live: ModuleType, name: str, tok_s: float, errors: int = 0) -> object:
     return live.PoolResult(name=name, steps="", phases={"p": tok_s}, errors=errors,
                            requests=10, tokens=int(tok_s * 100), wall_s=100.0)  # fmt: skip
