@@ -121,6 +121,31 @@ def test_errors_have_vllms_nested_shape(client: httpx.Client) -> None:
     assert error["message"]
 
 
+def test_tokenize_is_vllms_unversioned_route_with_its_response(client: httpx.Client) -> None:
+    counted = client.post("/tokenize", json={"model": MODEL, "prompt": "the river"})
+    assert counted.status_code == 200
+    answer = counted.json()
+    assert (answer["count"], len(answer["tokens"])) == (2, 2)
+    assert answer["max_model_len"] > 0
+    text = client.post("/detokenize", json={"model": MODEL, "tokens": answer["tokens"]}).json()
+    assert text["prompt"].split() == ["the", "river"]
+    assert client.post("/v1/tokenize", json={"prompt": "the"}).status_code == 404
+
+
+def test_continuing_a_message_needs_the_generation_prompt_off(client: httpx.Client) -> None:
+    turns = [{"role": "user", "content": "tell me"}, {"role": "assistant", "content": "the"}]
+    both = client.post("/v1/chat/completions", json=body(
+        messages=turns, continue_final_message=True, add_generation_prompt=True))  # fmt: skip
+    assert both.status_code == 400
+    assert "Cannot set both" in both.json()["error"]["message"]
+    by_default = client.post("/v1/chat/completions", json=body(
+        messages=turns, continue_final_message=True))  # fmt: skip
+    assert by_default.status_code == 400  # vLLM's default is true: its chat template refuses
+    continued = client.post("/v1/chat/completions", json=body(
+        messages=turns, continue_final_message=True, add_generation_prompt=False))  # fmt: skip
+    assert continued.status_code == 200, continued.text
+
+
 def test_max_num_seqs_caps_the_batch_and_queues_the_rest() -> None:
     args = ("--engine", "vllm", "--max-num-seqs", "2", "--seed", "2")
     with (

@@ -73,6 +73,26 @@ def test_a_chat_continuation_continues_the_final_assistant_message() -> None:
     assert migration.body(request, 20) is None  # nothing left to generate
 
 
+def test_a_chat_continuation_on_vllm_turns_the_generation_prompt_off() -> None:
+    request = body(CHAT, max_tokens=20)
+    migration = Migration("chat", request, 1)
+    tap = Tap(migration, Extras(), 0.0)
+    tap.feed(_event(id="a", created=1, model="m", choices=[{"delta": {"content": " the"}}]), 0.1)
+    continuation = json.loads(migration.body(request, 1, "vllm") or b"")
+    assert continuation["continue_final_message"] is True
+    assert continuation["add_generation_prompt"] is False  # vLLM refuses both at true
+    assert "add_generation_prompt" not in json.loads(migration.body(request, 1, "sglang") or b"")
+
+
+def test_a_stream_that_relayed_no_text_is_sent_again_as_it_was() -> None:
+    request = body(CHAT, max_tokens=20)
+    migration = Migration("chat", request, 1)
+    tap = Tap(migration, Extras(), 0.0)
+    role = {"role": "assistant", "content": ""}  # vLLM's first chunk: the role, no text
+    tap.feed(_event(id="a", created=1, model="m", choices=[{"delta": role}]), 0.1)
+    assert migration.body(request, 0, "vllm") == request
+
+
 def test_a_completion_continuation_extends_the_prompt() -> None:
     migration = Migration("completions", body(COMPLETION), 1)
     tap = Tap(migration, Extras(), 0.0)

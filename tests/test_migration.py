@@ -252,8 +252,16 @@ async def _drain_under_load(a: Server, b: Server) -> dict[str, Any]:
             "drained": drained_while_streaming}  # fmt: skip
 
 
-def test_a_drain_moves_its_streams_and_cuts_none() -> None:
-    with start_emulator(1, "--seed", "9") as a, start_emulator(3, "--seed", "9") as b:
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_drain_moves_its_streams_and_cuts_none(engine: str) -> None:
+    """On vLLM too: its `/tokenize` counts the text relayed, and the continuation turns the
+    generation prompt off (vLLM refuses it beside `continue_final_message`)."""
+    flags = ("--seed", "9", "--engine", engine)
+    ready = "/ready" if engine == "sglang" else "/health"
+    with (
+        start_emulator(1, *flags, ready_path=ready) as a,
+        start_emulator(3, *flags, ready_path=ready) as b,
+    ):
         seen = asyncio.run(_drain_under_load(a, b))
     assert seen["drained"]  # a was empty while every stream still ran: they moved
     results = seen["results"]

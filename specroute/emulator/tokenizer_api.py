@@ -1,6 +1,7 @@
 """SGLang 0.5.23's tokenizer routes (`/v1/tokenize`, `/v1/detokenize` and their unversioned
-aliases; `openai/serving_tokenize.py`, `TokenizeResponse` in `openai/protocol.py`) over the
-emulator's one-word-per-token text: a word of the vocabulary has the id its output would have.
+aliases; `openai/serving_tokenize.py`, `TokenizeResponse` in `openai/protocol.py`), and vLLM's
+(`/tokenize`, `/detokenize`), over the emulator's one-word-per-token text: a word of the
+vocabulary has the id its output would have.
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ import msgspec
 from specroute.emulator.text import TOKEN_ID_BASE, VOCABULARY
 from specroute.emulator.wire import encode
 
-__all__ = ["DetokenizeRequest", "TokenizeRequest", "detokenize", "tokenize"]
+__all__ = [
+    "DetokenizeRequest",
+    "TokenizeRequest",
+    "VllmDetokenizeRequest",
+    "VllmTokenizeRequest",
+    "detokenize",
+    "tokenize",
+    "vllm_detokenize",
+    "vllm_tokenize",
+]
 
 _IDS = {word: TOKEN_ID_BASE + i for i, word in enumerate(VOCABULARY)}
 _OTHER_BASE = 200_000
@@ -54,6 +64,33 @@ def tokenize(req: TokenizeRequest, context: int) -> bytes:
         return encode({"tokens": tokens, "count": len(tokens), "max_model_len": context})
     lists = [_ids(p) for p in req.prompt]
     return encode({"tokens": lists, "count": [len(t) for t in lists], "max_model_len": context})
+
+
+class VllmTokenizeRequest(msgspec.Struct):
+    """vLLM's `TokenizeCompletionRequest` (`entrypoints/serve/tokenize/protocol.py`): one
+    prompt, a string."""
+
+    prompt: str
+    model: str | None = None
+    add_special_tokens: bool = True
+
+
+class VllmDetokenizeRequest(msgspec.Struct):
+    tokens: list[int]
+    model: str | None = None
+
+
+def vllm_tokenize(req: VllmTokenizeRequest, context: int) -> bytes:
+    """vLLM's `TokenizeResponse`: `count`, `max_model_len`, `tokens`, `token_strs`."""
+    tokens = _ids(req.prompt)
+    return encode(
+        {"count": len(tokens), "max_model_len": context, "tokens": tokens, "token_strs": None}
+    )
+
+
+def vllm_detokenize(req: VllmDetokenizeRequest) -> bytes:
+    """vLLM's `DetokenizeResponse`: the text as `prompt`."""
+    return encode({"prompt": _text(req.tokens)})
 
 
 def detokenize(req: DetokenizeRequest) -> bytes:

@@ -4,7 +4,12 @@ profile and driver as the SGLang app, presented as vLLM's OpenAI server presents
 Routes follow vLLM's (vllm/entrypoints/openai/api_server.py and the routers of
 vllm/entrypoints/serve/instrumentator/): the OpenAI routes, `/v1/models` (with `max_model_len`),
 `/health` (200 once the engine runs, no generation), `/ping`, `/version`, `/load` and `/metrics`
-with `vllm:` names; no `/ready`, no `/server_info` (developer mode only) and no `/generate`.
+with `vllm:` names, `/tokenize` and `/detokenize` (no `/v1/` aliases:
+vllm/entrypoints/serve/tokenize/api_router.py); no `/ready`, no `/server_info` (developer mode
+only) and no `/generate`. A chat request with `continue_final_message` must also set
+`add_generation_prompt: false`: vLLM's default is true and the two together are refused, by
+`check_generation_prompt` when both are sent, else by the chat template (transformers'
+`apply_chat_template`), each a 400.
 Errors carry vLLM's shape, `{"error": {"message", "type", "param", "code"}}`. The batch limit is
 `--max-num-seqs` (`--max-running-requests` here), vLLM's default when unset.
 """
@@ -19,6 +24,7 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.di import Provide
 
+from specroute.emulator import tokenizer_api
 from specroute.emulator.auth import bearer_auth
 from specroute.emulator.options import VLLM_DEFAULT_MAX_NUM_SEQS, EmulatorOptions
 from specroute.emulator.runtime import Emulator, InjectedEmulator, json_response
@@ -54,11 +60,47 @@ def _vllm_error(response: Response[Any]) -> Response[Any]:
     return json_response({"error": error}, status)
 
 
+class _Prompting(msgspec.Struct):
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None
+
+
+_prompting = msgspec.json.Decoder(_Prompting)
+_tokenize = msgspec.json.Decoder(tokenizer_api.VllmTokenizeRequest)
+_detokenize = msgspec.json.Decoder(tokenizer_api.VllmDetokenizeRequest)
+
+
+def _generation_prompt(body: bytes) -> str:
+    """vLLM's refusal of `continue_final_message` with a generation prompt ("" if none)."""
+    try:
+        req = _prompting.decode(body)
+    except msgspec.DecodeError:
+        return ""  # the chat route says what is wrong with the body
+    if not req.continue_final_message or req.add_generation_prompt is False:
+        return ""
+    if req.add_generation_prompt:
+        return "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+    return (
+        "continue_final_message and add_generation_prompt are not compatible. Use "
+        "continue_final_message when you want the model to continue the final message, and "
+        "add_generation_prompt when you want to add a header that will prompt it to start a "
+        "new assistant message instead."
+    )
+
+
+def _bad_request(message: str) -> Response[bytes]:
+    error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+    return json_response({"error": error}, 400)
+
+
 class VllmRoutes(Controller):
     """vLLM's OpenAI server, as far as a proxy and a benchmark client see it."""
 
     @post("/v1/chat/completions", status_code=200)
     async def chat(self, request: Request[Any, Any, Any], emu: InjectedEmulator) -> Response[Any]:
+        refused = _generation_prompt(await request.body())
+        if refused:
+            return _bad_request(refused)
         return _vllm_error(await emu.chat(request))
 
     @post("/v1/completions", status_code=200)
@@ -66,6 +108,24 @@ class VllmRoutes(Controller):
         self, request: Request[Any, Any, Any], emu: InjectedEmulator
     ) -> Response[Any]:
         return _vllm_error(await emu.completions(request))
+
+    @post("/tokenize", status_code=200)
+    async def tokenize(
+        self, request: Request[Any, Any, Any], emu: InjectedEmulator
+    ) -> Response[bytes]:
+        try:
+            req = _tokenize.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return _bad_request(str(exc))
+        return json_response(tokenizer_api.vllm_tokenize(req, emu.context_length))
+
+    @post("/detokenize", status_code=200)
+    async def detokenize(self, request: Request[Any, Any, Any]) -> Response[bytes]:
+        try:
+            req = _detokenize.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return _bad_request(str(exc))
+        return json_response(tokenizer_api.vllm_detokenize(req))
 
     @get("/v1/models")
     async def models(self, emu: InjectedEmulator) -> Response[bytes]:

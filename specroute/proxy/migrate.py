@@ -5,9 +5,13 @@ the same client stream. This module decides what may move and writes the continu
 The continuation is exact where SGLang 0.5.23 can continue exactly: a chat request gets the
 text relayed so far as a final assistant message with `continue_final_message: true`
 (`ChatCompletionRequest` in `srt/entrypoints/openai/protocol.py`: an assistant message last in
-`messages` is continued rather than answered); a completions request gets its prompt plus that
-text; a `/generate` request its token ids plus the ids generated (its text plus the text, for a
-text prompt). Requests whose continuation would not be the same answer (tools, `n > 1`,
+`messages` is continued rather than answered); on a vLLM backend the same, with
+`add_generation_prompt: false`, since vLLM applies the chat template with its default of true and
+the template refuses both (`check_generation_prompt` in vLLM's
+`entrypoints/openai/chat_completion/protocol.py`; transformers' `apply_chat_template`); a
+completions request gets its prompt plus that text; a `/generate` request its token ids plus the
+ids generated (its text plus the text, for a text prompt). A stream that relayed no text yet is
+sent again as it was. Requests whose continuation would not be the same answer (tools, `n > 1`,
 logprobs, `response_format` or SGLang's constrained decoding, `echo`, `suffix`, token-id
 completions prompts, batches, reasoning or tool calls seen in the stream) are not moved: they
 end as they did before. The stream relays that feed and replay it are in `continued`."""
@@ -20,6 +24,7 @@ from typing import Any
 import msgspec
 
 from specroute.pool import BadReply, Holds, Stalled, TimedOut, UpstreamFailure
+from specroute.pool.engines import Engine
 from specroute.proxy.aborts import BackendAborted
 
 __all__ = [
@@ -297,9 +302,14 @@ class Migration:
                 elif choice.text:
                     self._text.append(choice.text)
 
-    def body(self, upstream: bytes, relayed_tokens: int) -> bytes | None:
-        """The continuation's body: the request as it went upstream, the text so far added,
-        its output budget reduced by `relayed_tokens`; None when no budget is left."""
+    def body(
+        self, upstream: bytes, relayed_tokens: int, engine: Engine | None = None
+    ) -> bytes | None:
+        """The continuation's body for a backend of `engine`: the request as it went
+        upstream, the text so far added, its output budget reduced by `relayed_tokens`; None
+        when no budget is left."""
+        if self.route != "generate" and not self.text:
+            return upstream
         data = _ANY.decode(upstream)
         if self.route == "generate":
             return self._native_body(data, relayed_tokens)
@@ -312,6 +322,8 @@ class Migration:
         if self.route == "chat":
             data["messages"] = [*data["messages"], {"role": "assistant", "content": self.text}]
             data["continue_final_message"] = True
+            if engine == "vllm":
+                data["add_generation_prompt"] = False
         else:
             data["prompt"] = data["prompt"] + self.text
         return _encode(data)
@@ -334,8 +346,9 @@ class Migration:
 
 
 def tokenize_body(model: str | None, text: str) -> bytes:
-    """SGLang's `/v1/tokenize` request for the text relayed so far (no special tokens: the
-    chat template or the prompt around it carries those)."""
+    """The `/tokenize` request for the text relayed so far (no special tokens: the chat
+    template or the prompt around it carries those): SGLang 0.5.23's `TokenizeRequest` and
+    vLLM's `TokenizeCompletionRequest` (`entrypoints/serve/tokenize/protocol.py`) alike."""
     body: dict[str, Any] = {"prompt": text, "add_special_tokens": False}
     if model is not None:
         body["model"] = model

@@ -92,9 +92,12 @@ class Mover:
         handed = False  # the attempt releases the lease from the moment it has it
         try:
             relayed = mig.token_count()
-            if relayed is None:
+            if relayed is None and not mig.text:
+                relayed = 0
+            elif relayed is None:
                 relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
-            body = None if relayed is None else mig.body(incoming.body, relayed)
+            engine = lease.backend.engine
+            body = None if relayed is None else mig.body(incoming.body, relayed, engine)
             if relayed is None or body is None:
                 return "failed" if relayed is None else "no_budget"
             mig.relayed = relayed
@@ -115,14 +118,17 @@ class Mover:
                 lease.backend.breaker.on_abandon()  # nothing was asked of it: no verdict
 
     async def _tokens(self, backend: Backend, model: str | None, text: str) -> int | None:
-        """`text` in `backend`'s tokens (SGLang's `/v1/tokenize`), or None if it cannot say."""
+        """`text` in `backend`'s tokens, or None if it cannot say. `/tokenize` is served by
+        SGLang 0.5.23 (beside `/v1/tokenize`, `srt/entrypoints/http_server.py`) and by vLLM,
+        which has no `/v1/tokenize` (`entrypoints/serve/tokenize/api_router.py`); both answer
+        the count as `count`."""
         state = self._state
         timeouts = state.config.timeouts
         upstream = None
         try:
             upstream = await state.client.send(
                 "POST",
-                backend.url + "/v1/tokenize",
+                backend.url + "/tokenize",
                 tokenize_body(model, text),
                 upstream_headers(backend.auth_headers),
             )
