@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 __all__ = ["BenchClient", "RequestRecord"]
 
 _NO_AIOHTTP = "the bench's HTTP client needs aiohttp: pip install 'specroute[bench]'"
+_KEEPALIVE_S = 4.0
+"""How long an idle pooled connection is kept: under the 5 s after which the servers close one
+(uvicorn's `timeout_keep_alive` default, which the proxy keeps; vLLM's
+`VLLM_HTTP_TIMEOUT_KEEP_ALIVE` in `vllm/envs.py`), so a user never reuses a connection the
+server is closing (aiohttp's 15 s default did: "Can not write request body" on the first
+request of a phase, after the users of the last one left)."""
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -256,7 +262,11 @@ class BenchClient:
         import aiohttp
 
         connector = aiohttp.TCPConnector(
-            limit=self._connections, limit_per_host=0, ttl_dns_cache=300, force_close=False
+            limit=self._connections,
+            limit_per_host=0,
+            ttl_dns_cache=300,
+            force_close=False,
+            keepalive_timeout=_KEEPALIVE_S,
         )
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, headers=self._headers
