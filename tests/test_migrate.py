@@ -90,6 +90,7 @@ def test_a_stream_that_relayed_no_text_is_sent_again_as_it_was() -> None:
     tap = Tap(migration, Extras(), 0.0)
     role = {"role": "assistant", "content": ""}  # vLLM's first chunk: the role, no text
     tap.feed(_event(id="a", created=1, model="m", choices=[{"delta": role}]), 0.1)
+    assert migration.token_count() == 0  # nothing to ask a tokenizer about
     assert migration.body(request, 0, "vllm") == request
 
 

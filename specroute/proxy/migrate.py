@@ -267,9 +267,11 @@ class Migration:
             return NativeEvent()
 
     def token_count(self) -> int | None:
-        """The output so far in tokens where the stream says it (`/generate`'s ids), else
-        None: the continuing backend's tokenizer counts it."""
-        return len(self.native().output_ids) if self.route == "generate" else None
+        """The output so far in tokens where the stream says it (`/generate`'s ids; none when
+        no text was relayed), else None: the continuing backend's tokenizer counts it."""
+        if self.route == "generate":
+            return len(self.native().output_ids)
+        return None if self.text else 0
 
     def take(self, payload: bytes) -> None:
         """One relayed event of the reply, kept to be read when asked (`/generate`'s latest

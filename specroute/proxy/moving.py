@@ -92,9 +92,7 @@ class Mover:
         handed = False  # the attempt releases the lease from the moment it has it
         try:
             relayed = mig.token_count()
-            if relayed is None and not mig.text:
-                relayed = 0
-            elif relayed is None:
+            if relayed is None:
                 relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
             engine = lease.backend.engine
             body = None if relayed is None else mig.body(incoming.body, relayed, engine)
