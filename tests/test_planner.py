@@ -146,6 +146,19 @@ def test_a_server_changed_within_the_dwell_time_is_not_changed_again() -> None:
     assert planner.plan(now, settled, estimates()).verdict == "reconfigure"
 
 
+def test_a_new_regime_ends_the_dwell_of_a_server_changed_before_it() -> None:
+    # b0..b2 changed 1300 s ago under 8 users, inside an hour's dwell; two greedy users have
+    # since settled into a regime of their own, for which a deep server pays.
+    planner, now = planner_after([(300.0, {GREEDY: 8.0}), QUIET], min_dwell_s=3600.0)
+    assert planner.regimes.view(now).started_at > 200.0
+    before = planner.plan(now, pool(1, 1, 1, changed_at=200.0), estimates())
+    assert before.verdict == "reconfigure"
+    # A change made in this regime still waits out its dwell.
+    within = planner.plan(now, pool(1, 1, 1, changed_at=now - 100.0), estimates())
+    assert "dwell" in within.verdict
+    assert within.start == ()
+
+
 def test_a_server_is_not_changed_back_within_the_regime_that_changed_it() -> None:
     # Crowded sampled traffic wants b0 back at k1; it left k1 in this very regime.
     planner, now = planner_after([CROWDED])
@@ -399,6 +412,18 @@ def test_a_regime_is_expected_to_last_as_regimes_of_its_load_did() -> None:
     assert planner.regimes.view(now).expected_remaining_s > 300.0
 
 
+def test_a_regime_of_a_load_not_seen_before_is_expected_to_last_at_least_as_long_again() -> None:
+    # A quiet quarter of an hour, then a busy regime: the busy one is expected to last as
+    # long again as it has at least, not to end when the quiet one would have...
+    planner, now = planner_after([(900.0, {GREEDY: 2.0}), (700.0, {SAMPLED: 30.0})])
+    regime = planner.regimes.view(now)
+    assert regime.regimes_seen == 1
+    assert regime.expected_remaining_s == pytest.approx(regime.elapsed_s)
+    # ...and while it is young, about as long as the quiet one lasted.
+    planner, now = planner_after([(900.0, {GREEDY: 2.0}), (200.0, {SAMPLED: 30.0})])
+    assert planner.regimes.view(now).expected_remaining_s > 400.0
+
+
 def test_a_few_users_drawing_another_class_for_a_while_are_no_new_regime() -> None:
     # Two greedy users for twenty minutes, then for a minute and a half one of them runs a
     # sampled request: the window's mix is half sampled, which among two users is chance, not
@@ -429,6 +454,20 @@ def test_a_change_in_a_young_lull_is_charged_its_restart_at_the_peak() -> None:
     later = lasted.plan(now, pool(1, 1, 1), estimates())
     assert later.verdict == "reconfigure"
     assert 0 < later.restart_cost_tokens < plan.restart_cost_tokens / 2
+
+
+def test_a_forecast_missed_under_one_load_does_not_raise_the_bar_under_another() -> None:
+    # A quiet regime's change over-promised by 18%: the next quiet change must promise that
+    # much more, a busy regime's only min_gain.
+    planner, now = planner_after([QUIET])
+    planner.account(0.4, forecast_error=0.18)
+    assert planner.bar == pytest.approx(planner.options.min_gain + 0.18)
+    for users in ({SAMPLED: 60.0}, {GREEDY: 2.0}):
+        for _ in range(300):
+            now += 2.0
+            planner.observe(now, users)
+        quiet = GREEDY in users
+        assert planner.bar == pytest.approx(planner.options.min_gain + (0.18 if quiet else 0.0))
 
 
 def test_forecasts_that_missed_widen_the_bar() -> None:

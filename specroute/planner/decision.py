@@ -36,7 +36,8 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     min_gain: float = 0.03
     """Hysteresis: a proposal gaining less than this fraction of the objective is no change."""
     min_dwell_s: float = DEFAULT_DWELL_S
-    """Least time between two changes of one server."""
+    """Least time between two changes of one server within one load regime (a regime that
+    settled since its last change may change it sooner)."""
     max_unavailable: int = 1
     """Servers draining or starting at once, at most."""
     settle_s: float = 120.0

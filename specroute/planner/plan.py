@@ -16,7 +16,7 @@ from specroute.planner.decision import Change, Plan, PlannerOptions, ServerState
 from specroute.planner.estimates import Estimates
 from specroute.planner.forecast import Forecast, Physics, Setting, forecast, user_counts
 from specroute.planner.lanes import LaneDemand, lane_reason, served_first
-from specroute.planner.regime import Regime, RegimeTracker
+from specroute.planner.regime import Past, Regime, RegimeTracker
 
 __all__ = ["Planner"]
 
@@ -58,8 +58,9 @@ class Planner:
         server (`_escape_load`): no proposal is less reconfigurable than what was launched."""
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
-        self.errors: deque[float] = deque(maxlen=_ERRORS_KEPT)
-        """(forecast - realized) / realized of the latest changes that settled (`account`)."""
+        self.errors: deque[tuple[float, Past]] = deque(maxlen=_ERRORS_KEPT)
+        """(forecast - realized) / realized of the latest changes that settled (`account`),
+        each with the load it settled under."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
@@ -129,18 +130,23 @@ class Planner:
     def bar(self) -> float:
         """The gain a change must promise, as a fraction of the objective: `min_gain`, raised
         by `regret` while changes have not paid and by the median over-promise of the latest
-        forecasts (a gain inside the band they overshot by is not one; a forecast that fell
-        short of what its change realized says nothing against the next gain)."""
-        band = statistics.median(max(0.0, e) for e in self.errors) if self.errors else 0.0
+        forecasts made under a load like the current one (a gain inside the band they
+        overshot by is not one; a forecast that fell short of what its change realized says
+        nothing against the next gain, nor does one missed under another load: two greedy
+        users' short requests are over-promised by what the forecast leaves out, their
+        prefills, which a busy pool's forecast does not share)."""
+        alike = [e for e, load in self.errors if self.regimes.alike(load)]
+        band = statistics.median(max(0.0, e) for e in alike) if alike else 0.0
         return self.options.min_gain + self.regret + band
 
     def account(self, realized_gain: float, forecast_error: float | None = None) -> None:
         """A change's realized gain (its rate after over its rate before, less one, in the
-        same regime) and its forecast's error. One that fell short of `min_gain` raises the
+        same regime, the current one: an account closes in the regime it began in) and its
+        forecast's error. One that fell short of `min_gain` raises the
         bar by `min_gain` (up to `regret_cap`); one that paid lowers it by as much."""
         o = self.options
         if forecast_error is not None:
-            self.errors.append(forecast_error)
+            self.errors.append((forecast_error, self.regimes.load))
         step = max(o.min_gain, 0.01)
         if realized_gain < o.min_gain:
             self.regret = min(o.regret_cap, self.regret + step)
@@ -357,7 +363,11 @@ class Planner:
         phys: Physics,
     ) -> tuple[tuple[Change, ...], str]:
         """The changes that may begin now (dwell, max_unavailable, capacity floor: the other
-        serving servers' admission limits hold the current concurrency), and why others wait."""
+        serving servers' admission limits hold the current concurrency), and why others wait.
+        The dwell holds a server changed in this regime only: a regime that has settled since
+        may change it again (a move made for a quiet spell is not held through the busy hour
+        after it; flapping load is held back by the horizon's valuation across the regimes
+        seen, and by `settle_s` and `confirm_s`, as before)."""
         o = self.options
         by_name = {s.name: s for s in servers}
         busy = sum(1 for s in servers if s.state != "serving")
@@ -370,7 +380,11 @@ class Planner:
                 break
             if server.state != "serving":
                 continue
-            if server.changed_at is not None and now - server.changed_at < o.min_dwell_s:
+            if (
+                server.changed_at is not None
+                and now - server.changed_at < o.min_dwell_s
+                and server.changed_at >= regime.started_at
+            ):
                 why = why or f"{server.name} changed {now - server.changed_at:.0f}s ago, in dwell"
                 continue
             leaving = {server.name, *(c.server for c in start)}

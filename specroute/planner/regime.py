@@ -42,9 +42,8 @@ class RegimeTracker:
     ends when that concurrency leaves `band` (a ratio) around the regime's level or the class
     mix moves by `mix_shift` (total variation). The band then moves to the new level; when it
     had moved less than a window before, load is still on its way (a ramp) and no regime ends.
-    Expected remaining time is the mean residual of the past regimes that outlasted the
-    current one's age (those of the same load and mix when any was seen), with a prior counted
-    `prior_weight` times."""
+    Expected remaining time is the mean residual of the past regimes of the same load and mix
+    that outlasted the current one's age, with a prior counted `prior_weight` times."""
 
     def __init__(
         self,
@@ -155,18 +154,34 @@ class RegimeTracker:
         again as it has lasted (at least a window, at most `prior_s`), the guess when nothing
         says how long regimes last. The prior counts for less as regimes are seen
         (`prior_weight / (1 + seen)`): a few short regimes outweigh it, and a regime older than
-        every one seen is expected to last as long again, not `prior_s` at once."""
+        every one seen is expected to last as long again, not `prior_s` at once.
+
+        The regimes of its load and mix teach it when any has ended. Until then the regimes of
+        other loads give an estimate it never falls under the prior's: how long a quiet spell
+        lasted says little of the busy regime after it, and taken alone it had a busy regime
+        older than the spell expected to end within seconds, while changes back to busy depths
+        waited."""
         age = now - (self._start if self._start is not None else now)
         again = min(self.prior_s, max(age, self.window_s))
-        alike = [p.duration_s for p in self.past if self._alike(p)]
-        durations = alike or self.durations
-        if not durations:
+        alike = [p.duration_s for p in self.past if self.alike(p)]
+        if alike:
+            return self._residual(alike, age, again)
+        if not self.past:
             return again
+        return max(again, self._residual(self.durations, age, again))
+
+    def _residual(self, durations: list[float], age: float, again: float) -> float:
+        """The mean residual at `age` of `durations`, with the prior `again`."""
         residuals = [d - age for d in durations if d > age]
         weight = self.prior_weight / (1 + len(durations))
         return (weight * again + sum(residuals)) / (weight + len(residuals))
 
-    def _alike(self, past: Past) -> bool:
+    @property
+    def load(self) -> Past:
+        """The current regime's load and mix (no duration: it has not ended)."""
+        return Past(duration_s=0.0, concurrency=self._ref_level, shares=self.mix)
+
+    def alike(self, past: Past) -> bool:
         """Was `past` a regime of the current one's load and mix? Their lengths teach how
         long this one lasts (a quiet spell between long busy ones is itself short)."""
         return not self._differ(past.concurrency, past.shares, self._ref_level, self.mix)
