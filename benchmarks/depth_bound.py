@@ -59,6 +59,7 @@ TRACES = {
     "depth-flap": ROOT / "scenarios" / "depth-flap.toml",
     "depth-ramp": ROOT / "scenarios" / "depth-ramp.toml",
     "depth-temperature-swing": ROOT / "scenarios" / "depth-temperature-swing.toml",
+    "depth-live": ROOT / "scenarios" / "depth-live.toml",
 }
 DAY_S = 86400.0
 WARM_S, SAMPLE_S = 60.0, 600.0
