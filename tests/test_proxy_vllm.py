@@ -118,6 +118,26 @@ def test_vllm_depth_comes_from_its_counters_or_the_config_and_capacity_from_the_
     assert all(b["healthy"] for b in by_steps.values())
 
 
+def test_sglang_tokenizer_routes_reach_vllm_servers_under_their_vllm_names(
+    vllm_pool: Server,
+) -> None:
+    # vLLM serves /tokenize and /detokenize only: the proxy sends SGLang's /v1/ names there
+    # (round-robin: both servers answer, each in vLLM's own shape).
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    for path in ("/v1/tokenize", "/tokenize", "/v1/tokenize"):
+        reply = httpx.post(vllm_pool.url + path, json={"model": MODEL, "prompt": "a b c"},
+                           headers=headers)  # fmt: skip
+        assert reply.status_code == 200, (path, reply.text)
+        assert reply.json()["count"] == 3
+    tokens = httpx.post(vllm_pool.url + "/v1/tokenize", json={"prompt": "one two"},
+                        headers=headers).json()["tokens"]  # fmt: skip
+    for _ in range(2):
+        back = httpx.post(vllm_pool.url + "/v1/detokenize", json={"tokens": tokens},
+                          headers=headers)  # fmt: skip
+        assert back.status_code == 200, back.text
+        assert back.json()["prompt"].split() == ["one", "two"]
+
+
 def test_mixed_sglang_and_vllm_pool_routes_as_one(tmp_path: Path) -> None:
     with (
         vllm_emulator(1, 5) as vllm,

@@ -56,7 +56,7 @@ from specroute.proxy.migrate import MIGRATING_ROUTES, Migration, Moved, move_due
 from specroute.proxy.moving import Mover, upstream_headers
 from specroute.proxy.reply import Reply, shutting_down
 from specroute.proxy.resend import RESENT, DrainWatch, Resend, Resender
-from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id
+from specroute.proxy.routes import STORED_RESPONSE, Route, stored_response_id, upstream_path
 from specroute.proxy.stalls import StreamClock
 from specroute.proxy.state import ProxyState
 from specroute.proxy.stored import ResponseHomes, gone, locate
@@ -252,7 +252,7 @@ class Relay:
         try:
             sending = state.client.send(
                 ex.method,
-                backend.url + ex.path,
+                backend.url + upstream_path(ex.path, backend.engine),
                 incoming.body,
                 upstream_headers(backend.auth_headers),
                 limits.header_s,

@@ -18,6 +18,7 @@ __all__ = [
     "find_route",
     "plain_response_id",
     "stored_response_id",
+    "upstream_path",
 ]
 
 
@@ -68,6 +69,16 @@ FORWARDED: dict[tuple[str, str], str] = {
 }
 """Inference routes that need no routing decision: any healthy backend serves them, under
 the same keys, body limits and admission as generation."""
+
+_VLLM_PATHS = {"/v1/tokenize": "/tokenize", "/v1/detokenize": "/detokenize"}
+"""SGLang's versioned tokenizer routes as a vLLM server names them: it serves the unversioned
+ones only (`vllm/entrypoints/serve/tokenize/api_router.py`); SGLang serves both."""
+
+
+def upstream_path(path: str, engine: str | None) -> str:
+    """The path a forwarded request takes on a backend of `engine` (None: not known yet)."""
+    return _VLLM_PATHS.get(path, path) if engine == "vllm" else path
+
 
 STORED_RESPONSE = "stored_response"
 """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`: to the response's home."""
