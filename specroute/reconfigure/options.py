@@ -47,7 +47,7 @@ def add_planner_arguments(
     add("--allowed-steps", default=allowed_default, metavar="K,K,...",
         help="depths the planner may give a server (0: no speculation)" + allowed_help)
     add("--min-dwell", type=float, default=_DEFAULTS.min_dwell_s, metavar="SECONDS",
-        help="least time between two depth changes of one server")
+        help="least time between two depth changes of one server in one load regime")
     add("--planner-option", action="append", default=[], metavar="KEY=VALUE",
         help="any other planner setting, e.g. objective=latency, settle_s=60, "
         "regime_prior_s=600 (repeatable)")
