@@ -112,6 +112,10 @@ def test_a_flapping_load_restarts_nothing() -> None:
                                      **options)  # fmt: skip
         plan = planner.plan(now, servers, estimates())
         assert not plan.start, plan.reason
+        # Changed in the regime before, inside the dwell: the valuation holds them, not it.
+        changed = [msgspec.structs.replace(s, changed_at=now - 200.0) for s in servers]
+        plan = planner.plan(now, changed, estimates())
+        assert not plan.start, plan.reason
     # Valued at the regime of the moment alone (one that has lasted past the dwell), its
     # restarts charged at the load of the moment, the same pool would restart.
     moves = []
