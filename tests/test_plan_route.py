@@ -18,9 +18,12 @@ from specroute.policies import ClassEstimate
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.speculation import expected_tokens
-from specroute.wire import PlanDocument, PoolSnapshot
+from specroute.wire import Account, PlanDocument, PoolSnapshot
 
 GREEDY = "m:greedy"
+SETTLED = Account(at=100.0, servers=["a"], before_tok_s=782.0, forecast_tok_s=948.0,
+                  realized_tok_s=897.0, forecast_error=0.0569, realized_gain=0.1471,
+                  forecast_gain=0.0797)  # fmt: skip
 
 
 def test_plan_says_no_planner_until_one_publishes(emulator: Server) -> None:
@@ -109,6 +112,7 @@ async def _advise(emulator: Server) -> tuple[dict[str, Any], dict[str, float], l
             loop.planner.observe(clock[0], {GREEDY: 2.0})
             clock[0] += 2.0
         loop._decide(clock[0], _estimates())
+        loop.ledger.accounts = [SETTLED]
         await loop.publish()
         await link.aclose()
         async with httpx.AsyncClient(base_url=url) as client:
@@ -148,6 +152,11 @@ def test_advise_publishes_a_paying_change_and_changes_nothing(emulator: Server) 
     assert metrics['specroute_plan_info{mode="advise",verdict="reconfigure"}'] == 1.0
     assert metrics["specroute_plan_gain_tok_s"] == plan["plan"]["gain"]
     assert metrics['specroute_plan_servers{state="serving"}'] == 2.0
+    # The last change held to account: its forecast error, and the gains forecast and realized.
+    assert plan["accounts"][-1]["forecast_gain"] == SETTLED.forecast_gain
+    assert metrics["specroute_plan_forecast_error_ratio"] == SETTLED.forecast_error
+    assert metrics["specroute_plan_realized_gain_ratio"] == SETTLED.realized_gain
+    assert metrics["specroute_plan_forecast_gain_ratio"] == SETTLED.forecast_gain
 
 
 def test_the_kubernetes_planner_publishes_to_every_address_of_the_replicas_name(

@@ -461,10 +461,10 @@ def test_a_change_in_a_young_lull_is_charged_its_restart_at_the_peak() -> None:
 
 
 def test_a_forecast_missed_under_one_load_does_not_raise_the_bar_under_another() -> None:
-    # A quiet regime's change over-promised by 18%: the next quiet change must promise that
-    # much more, a busy regime's only min_gain.
+    # A quiet regime's change over-promised its gain by 18 points: the next quiet change must
+    # promise that much more, a busy regime's only min_gain.
     planner, now = planner_after([QUIET])
-    planner.account(0.4, forecast_error=0.18)
+    planner.account(0.4, forecast_gain=0.58)
     assert planner.bar == pytest.approx(planner.options.min_gain + 0.18)
     for users in ({SAMPLED: 60.0}, {GREEDY: 2.0}):
         for _ in range(300):
@@ -476,11 +476,11 @@ def test_a_forecast_missed_under_one_load_does_not_raise_the_bar_under_another()
 
 def test_forecasts_that_missed_widen_the_bar() -> None:
     planner, _ = planner_after([QUIET])
-    for error in (0.12, -0.08, 0.10):
-        planner.account(0.05, forecast_error=error)
+    for promised in (0.17, -0.03, 0.15):  # 12 points over, 8 under, 10 over
+        planner.account(0.05, forecast_gain=promised)
     assert planner.bar == pytest.approx(planner.options.min_gain + 0.10)
     # Forecasts that promised less than their changes gave do not hold the next change back.
     modest, _ = planner_after([QUIET])
-    for error in (-0.12, -0.08, 0.10):
-        modest.account(0.05, forecast_error=error)
+    for promised in (-0.07, -0.03, 0.15):
+        modest.account(0.05, forecast_gain=promised)
     assert modest.bar == pytest.approx(modest.options.min_gain)

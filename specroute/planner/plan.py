@@ -58,9 +58,9 @@ class Planner:
         server (`_escape_load`): no proposal is less reconfigurable than what was launched."""
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
-        self.errors: deque[tuple[float, Past]] = deque(maxlen=_ERRORS_KEPT)
-        """(forecast - realized) / realized of the latest changes that settled (`account`),
-        each with the load it settled under."""
+        self.overpromised: deque[tuple[float, Past]] = deque(maxlen=_ERRORS_KEPT)
+        """Forecast less realized gain of the latest changes that settled (`account`), each
+        with the load it settled under."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
@@ -130,23 +130,24 @@ class Planner:
     def bar(self) -> float:
         """The gain a change must promise, as a fraction of the objective: `min_gain`, raised
         by `regret` while changes have not paid and by the median over-promise of the latest
-        forecasts made under a load like the current one (a gain inside the band they
-        overshot by is not one; a forecast that fell short of what its change realized says
-        nothing against the next gain, nor does one missed under another load: two greedy
+        forecast gains under a load like the current one (a gain inside the band they
+        overshot by is not one). A gain, not a level: a forecast that put both pools 6% high
+        promised their ratio right. A gain that fell short of what its change realized says
+        nothing against the next one, nor does one missed under another load: two greedy
         users' short requests are over-promised by what the forecast leaves out, their
-        prefills, which a busy pool's forecast does not share)."""
-        alike = [e for e, load in self.errors if self.regimes.alike(load)]
+        prefills, which a busy pool's forecast does not share."""
+        alike = [e for e, load in self.overpromised if self.regimes.alike(load)]
         band = statistics.median(max(0.0, e) for e in alike) if alike else 0.0
         return self.options.min_gain + self.regret + band
 
-    def account(self, realized_gain: float, forecast_error: float | None = None) -> None:
+    def account(self, realized_gain: float, forecast_gain: float | None = None) -> None:
         """A change's realized gain (its rate after over its rate before, less one, in the
-        same regime, the current one: an account closes in the regime it began in) and its
-        forecast's error. One that fell short of `min_gain` raises the
-        bar by `min_gain` (up to `regret_cap`); one that paid lowers it by as much."""
+        same regime, the current one: an account closes in the regime it began in) and the
+        gain its plan forecast. One that fell short of `min_gain` raises the bar by
+        `min_gain` (up to `regret_cap`); one that paid lowers it by as much."""
         o = self.options
-        if forecast_error is not None:
-            self.errors.append((forecast_error, self.regimes.load))
+        if forecast_gain is not None:
+            self.overpromised.append((forecast_gain - realized_gain, self.regimes.load))
         step = max(o.min_gain, 0.01)
         if realized_gain < o.min_gain:
             self.regret = min(o.regret_cap, self.regret + step)

@@ -106,12 +106,21 @@ class PlanGauges:
             "specroute_plan_realized_gain_ratio",
             "The last settled change: realized pool tok/s over the rate before it, less one.",
         )
+        promised = GaugeMetricFamily(
+            "specroute_plan_forecast_gain_ratio",
+            "The last settled change: the gain its plan forecast (the pool it made over the "
+            "pool before, both forecast), less one; what the bar's band compares with the "
+            "realized gain.",
+        )
         if last is not None and last.forecast_error is not None:
             error.add_metric((), last.forecast_error)
         if last is not None and last.realized_gain is not None:
             gain.add_metric((), last.realized_gain)
+        if last is not None and last.forecast_gain is not None:
+            promised.add_metric((), last.forecast_gain)
         yield error
         yield gain
+        yield promised
         yield GaugeMetricFamily(
             "specroute_plan_bar_ratio",
             "The gain a change must promise, as a fraction of the objective (raised while "

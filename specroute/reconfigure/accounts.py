@@ -23,6 +23,7 @@ class _Open(msgspec.Struct, kw_only=True):
     regime_started: float
     before_tok_s: float
     forecast_tok_s: float
+    forecast_before_tok_s: float
     done: float | None = None
     cut: float | None = None
     """When a later change began: the end of what this one's rate may be measured over."""
@@ -82,7 +83,8 @@ class Ledger:
             return
         self._open[server] = _Open(server=server, begun=now, before_tok_s=before,
                                    regime_started=plan.regime.started_at,
-                                   forecast_tok_s=plan.expected.tok_s)  # fmt: skip
+                                   forecast_tok_s=plan.expected.tok_s,
+                                   forecast_before_tok_s=plan.current.tok_s)  # fmt: skip
 
     def done(self, now: float, server: str, ok: bool) -> None:
         """The change is over: measured from `settle_s` on if it made its pool, else dropped."""
@@ -128,10 +130,13 @@ class Ledger:
         if realized:
             error = (change.forecast_tok_s - realized) / realized
             gain = realized / change.before_tok_s - 1 if change.before_tok_s > 0 else None
+        was = change.forecast_before_tok_s
+        promised = change.forecast_tok_s / was - 1 if was > 0 else None
         return Account(
             at=change.begun, servers=[change.server], before_tok_s=round(change.before_tok_s, 1),
             forecast_tok_s=round(change.forecast_tok_s, 1),
             realized_tok_s=None if realized is None else round(realized, 1),
             forecast_error=None if error is None else round(error, 4),
-            realized_gain=None if gain is None else round(gain, 4), note=note,
+            realized_gain=None if gain is None else round(gain, 4),
+            forecast_gain=None if promised is None else round(promised, 4), note=note,
         )  # fmt: skip

@@ -280,6 +280,9 @@ class Account(_Wire):
     """(forecast - realized) / realized."""
     realized_gain: float | None = None
     """(realized - before) / before."""
+    forecast_gain: float | None = None
+    """The gain the plan forecast: its forecast of the pool the change made over its forecast
+    of the pool before, less one (the same model's two figures: a bias they share cancels)."""
     note: str = ""
     """Why it has no verdict (the regime changed before it settled), if it has none."""
 
