@@ -441,6 +441,31 @@ def test_a_few_users_drawing_another_class_for_a_while_are_no_new_regime() -> No
     assert crowd.regimes.view(now).regimes_seen == 1
 
 
+def test_a_regime_as_old_as_the_commit_may_end_within_it_and_the_next_load_weighs() -> None:
+    # A quiet spell has outlasted the one quiet spell seen (600 s), after a busy half hour: it
+    # is expected to last about as long again (1300 s), about the commit (restart and dwell,
+    # 990 s). It ends within the commit more often than not, and a change made for it is held
+    # under the busy load that follows: that load weighs on the change. Read as filling the
+    # whole commit, it weighed nothing.
+    planner, now = planner_after(
+        [(600.0, {GREEDY: 2.0}), (1800.0, {SAMPLED: 48.0}), (1300.0, {GREEDY: 2.0})]
+    )
+    servers = pool(2, 2, 2)
+    plan = planner.plan(now, servers, estimates())
+    commit = servers[0].startup_s + planner.options.drain_s + planner.options.min_dwell_s
+    rest = plan.regime.expected_remaining_s
+    assert rest == pytest.approx(1300.0, rel=0.05)
+    # Held for the commit, then on while the regime lasts: longer than either.
+    assert plan.horizon_s > max(commit, rest)
+    (stay, _), *after = planner.regimes.mixture(now, plan.horizon_s)
+    assert stay == pytest.approx(rest / plan.horizon_s)
+    assert sum(w for w, past in after if past.concurrency > 10) > 0.1
+    # A regime that has gone on for hours fills nearly all of what a change is held for.
+    long, now = planner_after([(600.0, {GREEDY: 2.0}), (7200.0, {SAMPLED: 48.0})])
+    plan = long.plan(now, servers, estimates())
+    assert plan.regime.expected_remaining_s / plan.horizon_s > 0.85
+
+
 def test_a_change_in_a_young_lull_is_charged_its_restart_at_the_peak() -> None:
     # Two and a half minutes into a quiet greedy regime, in a pool sized for 60 users, the
     # regime may well end before a restart is done: the server it takes away is charged much

@@ -21,9 +21,11 @@ DEFAULT_DWELL_S = 900.0
 
 class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """objective and floor_tok_s: as the `throughput` policy's. A change commits the pool for
-    its restarts plus `min_dwell_s`; over that horizon, under the regimes the pool has seen
-    (the current one for as long as it is expected to last), it must gain `min_gain` (a
-    fraction of the objective) and exceed `margin` times the objective lost while it restarts.
+    its restarts plus `min_dwell_s`, and is held after that while the regime lasts; over that
+    horizon, under the regimes the pool has seen (the current one for as long as it is
+    expected to last, the next ones for what the commit has left once it ends), it must gain
+    `min_gain` (a fraction of the objective) and exceed `margin` times the objective lost
+    while it restarts.
     `adaptive`: SGLang adaptive configurations (tiers) that may be assigned besides the fixed
     depths 0..max_steps."""
 

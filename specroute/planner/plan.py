@@ -155,12 +155,18 @@ class Planner:
             self.regret = max(0.0, self.regret - step)
 
     def horizon(self, servers: Sequence[ServerState], regime: Regime) -> float:
-        """What a change is valued over: what it commits the pool to (its restart, drain and
-        start-up, then the dwell), or the current regime's expected rest when that is longer
-        (the gain goes on while the regime does)."""
+        """What a change is valued over: how long the pool is expected to hold it. It commits
+        the pool for its restart (drain and start-up) and the dwell, and goes on after that
+        while the regime does: the commit plus the regime's expected rest beyond it. Over
+        that span the regime fills its expected rest, the regimes after it what the commit
+        has left once it ends: `mixture` weighs them so. A regime expected to last as long
+        as the commit ends within it more often than not (its rest taken as exponential, as
+        in `_outlasts`), and a change made for it is held under the next load meanwhile."""
         o = self.options
         commit = max((s.startup_s for s in servers), default=0.0) + o.drain_s + o.min_dwell_s
-        return max(commit, regime.expected_remaining_s)
+        now = regime.started_at + regime.elapsed_s
+        within = self.regimes.expected_remaining(now, commit)
+        return commit + max(0.0, regime.expected_remaining_s - within)
 
     def _loads(
         self, now: float, horizon_s: float, users: Mapping[str, int]

@@ -3,6 +3,7 @@ last, and how long the current one is expected to go on. Pure; time is an argume
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 
@@ -149,7 +150,7 @@ class RegimeTracker:
         few = min(level, ref)
         return shift * few / (few + _SMALL) > self.mix_shift
 
-    def expected_remaining(self, now: float) -> float:
+    def expected_remaining(self, now: float, within_s: float = math.inf) -> float:
         """Mean residual life of the current regime at its age, learned with a prior: as long
         again as it has lasted (at least a window, at most `prior_s`), the guess when nothing
         says how long regimes last. The prior counts for less as regimes are seen
@@ -160,21 +161,26 @@ class RegimeTracker:
         other loads give an estimate it never falls under the prior's: how long a quiet spell
         lasted says little of the busy regime after it, and taken alone it had a busy regime
         older than the spell expected to end within seconds, while changes back to busy depths
-        waited."""
+        waited.
+
+        With `within_s`, the expected part of the next `within_s` the regime fills (the mean
+        of the residual cut at `within_s`), from the same residuals and the prior taken as
+        exponential: a regime expected to last as long as the span fills 63% of it, not all."""
         age = now - (self._start if self._start is not None else now)
         again = min(self.prior_s, max(age, self.window_s))
         alike = [p.duration_s for p in self.past if self.alike(p)]
+        prior = again if math.isinf(within_s) else again * -math.expm1(-within_s / again)
         if alike:
-            return self._residual(alike, age, again)
+            return self._residual(alike, age, prior, within_s)
         if not self.past:
-            return again
-        return max(again, self._residual(self.durations, age, again))
+            return prior
+        return max(prior, self._residual(self.durations, age, prior, within_s))
 
-    def _residual(self, durations: list[float], age: float, again: float) -> float:
-        """The mean residual at `age` of `durations`, with the prior `again`."""
-        residuals = [d - age for d in durations if d > age]
+    def _residual(self, durations: list[float], age: float, prior: float, cut: float) -> float:
+        """The mean residual at `age` of `durations`, each cut at `cut`, with `prior`."""
+        residuals = [min(d - age, cut) for d in durations if d > age]
         weight = self.prior_weight / (1 + len(durations))
-        return (weight * again + sum(residuals)) / (weight + len(residuals))
+        return (weight * prior + sum(residuals)) / (weight + len(residuals))
 
     @property
     def load(self) -> Past:
