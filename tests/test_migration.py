@@ -171,6 +171,41 @@ def test_completion_stream_continues_on_another_backend(tmp_path: Path) -> None:
         expect_migrations(proxy, {("interrupted", "moved"): 1.0})
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_stream_cut_after_its_whole_budget_ends_as_the_model_would(
+    tmp_path: Path, route: str
+) -> None:
+    """Every token of `max_tokens` relayed, then the backend stalls before its last event: no
+    budget is left to continue with, and the answer is whole. The stream ends with
+    finish_reason "length", not an error (a drain in a wall-clock run cut one such stream)."""
+    with pool(tmp_path, "--stall-after-tokens", TOKENS) as (proxy, healthy):
+        chunks: list[Any]
+        if route == "chat":
+            chunks = list(
+                client(proxy).chat.completions.create(
+                    model=MODEL, messages=MESSAGES, max_tokens=TOKENS, stream=True,  # type: ignore[arg-type]
+                    extra_body=WHOLE,
+                )
+            )  # fmt: skip
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            reference = reference_chat(healthy)
+        else:
+            chunks = list(
+                client(proxy).completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=TOKENS, stream=True, extra_body=WHOLE
+                )
+            )
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            whole = client(healthy).completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=TOKENS, extra_body=WHOLE
+            )
+            reference = whole.choices[0].text
+        assert text == reference
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert {c.id for c in chunks} == {chunks[0].id}
+        expect_migrations(proxy, {("stalled", "finished"): 1.0})
+
+
 def test_request_that_cannot_continue_exactly_keeps_its_error(tmp_path: Path) -> None:
     with pool(tmp_path, "--exit-mid-stream-after-tokens", 6) as (proxy, _):
         with pytest.raises(openai.APIError, match="backend stream interrupted"):

@@ -198,7 +198,9 @@ class ProxyMetrics:
             "first byte) or drained, by cause (interrupted, stalled, bad_reply, aborted, "
             "drain) and outcome (moved: continued, or a non-streamed request sent again, on "
             "another backend; failed: the continuation could not start; refused: the request "
-            "cannot be continued exactly; limit, no_backend, no_budget).",
+            "cannot be continued exactly; finished: the whole output budget had been "
+            "relayed, and the stream ended with finish_reason length; limit, no_backend, "
+            "no_budget).",
             ("cause", "outcome"),
         )
 

@@ -330,6 +330,26 @@ class Migration:
             data["prompt"] = data["prompt"] + self.text
         return _encode(data)
 
+    def finish_tail(self) -> bytes | None:
+        """The end of a chat or completions stream whose whole output budget was relayed
+        before its backend failed: the answer is whole, so it ends as the engine would have
+        ended it, a last chunk with `finish_reason: "length"` and `[DONE]`, under the first
+        reply's id. Its usage chunk is left out (the backend that stopped never said the
+        prompt's count). None for `/generate`, whose last event carries the whole output
+        and its `meta_info`: that stream keeps its error."""
+        if self.route == "generate":
+            return None
+        id_, created, model = self.envelope()
+        if self.route == "chat":
+            kind = "chat.completion.chunk"
+            choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": "length"}
+        else:
+            kind = "text_completion"
+            choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None}
+        event = {"id": id_, "object": kind, "created": created, "model": model,
+                 "choices": [choice]}  # fmt: skip
+        return b"data: " + _encode(event) + b"\n\ndata: [DONE]\n\n"
+
     def _native_body(self, data: dict[str, Any], relayed_tokens: int) -> bytes | None:
         """`/generate`'s continuation: the token ids so far after the prompt's ids (exact), or
         the text so far after its text."""
