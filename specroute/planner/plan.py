@@ -93,7 +93,7 @@ class Planner:
         horizon = self.horizon(servers, regime)
         loads = self._loads(now, horizon, users)
         escape = self._escape_floor(regime)
-        best, gaining = self._search(servers, users, phys, now_fc, regime, loads, escape)
+        best, gaining = self._search(servers, users, phys, now_fc, regime, (horizon, loads), escape)
         standing = self._confirm(now, best)
         if best is not None:
             best = self._gainful_first(servers, best, loads, phys, escape)
@@ -211,12 +211,13 @@ class Planner:
         phys: Physics,
         now_fc: Forecast,
         regime: Regime,
-        loads: Sequence[tuple[float, Mapping[str, int]]],
+        horizon: tuple[float, Sequence[tuple[float, Mapping[str, int]]]],
         escape: float,
     ) -> tuple[_Candidate | None, _Candidate | None]:
         """(best paying candidate, best one that gains at all) over every multiset of settings,
-        each valued over the horizon's loads."""
+        each valued over the horizon (its length, and the loads it is expected to hold)."""
         o = self.options
+        horizon_s, loads = horizon
         current = tuple(s.setting for s in servers)
         now_value = self._value(current, loads, phys)
         unknown = max(0.0, 1.0 - sum(w for w, _ in loads)) * now_fc.value
@@ -246,7 +247,7 @@ class Planner:
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
             fc = self._forecast(settings, users, phys)
-            cand = self._candidate(servers, settings, fc, lost, value - now_value, regime)
+            cand = self._candidate(servers, settings, fc, lost, value - now_value, horizon_s)
             if gaining is None or cand.rank() > gaining.rank():
                 gaining = cand
             pays = cand.gain_tokens > o.margin * cand.cost
@@ -320,7 +321,7 @@ class Planner:
         fc: Forecast,
         lost: Sequence[float],
         gain: float,
-        regime: Regime,
+        horizon_s: float,
     ) -> _Candidate:
         """A target's changes (cheapest first), its restart cost and its gain over the horizon
         (`gain` per second): restarts go `max_unavailable` at a time, each a drain plus a
@@ -339,7 +340,7 @@ class Planner:
         )  # fmt: skip
         restart_s = max(s.startup_s for s in servers) + o.drain_s
         rounds = math.ceil(len(changes) / o.max_unavailable)
-        useful_s = max(0.0, self.horizon(servers, regime) - (rounds + 1) / 2 * restart_s)
+        useful_s = max(0.0, horizon_s - (rounds + 1) / 2 * restart_s)
         return _Candidate(
             settings=settings,
             forecast=fc,

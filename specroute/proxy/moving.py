@@ -94,17 +94,16 @@ class Mover:
             relayed = mig.token_count()
             if relayed is None:
                 relayed = await self._tokens(lease.backend, incoming.request.model, mig.text)
-            engine = lease.backend.engine
-            body = None if relayed is None else mig.body(incoming.body, relayed, engine)
             if relayed is None:
                 return "failed"
+            mig.relayed = relayed
+            body = mig.body(incoming.body, relayed, lease.backend.engine)
             if body is None:  # every token it may have was relayed: the answer is whole
                 tail = mig.finish_tail()
                 if tail is None:
                     return "no_budget"
                 ex.reply.held, ex.reply.error = tail, None
                 return "finished"
-            mig.relayed = relayed
             ex.begin_attempt(lease, decision)
             state.metrics.decisions.inc((ex.policy.name, lease.backend.name))
             tried.append(lease.backend.name)
