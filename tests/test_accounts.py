@@ -90,9 +90,9 @@ def test_an_account_is_void_when_the_regime_moved_before_it_settled() -> None:
 
 
 def test_changes_that_do_not_pay_raise_the_planners_bar() -> None:
-    # A quiet greedy regime: a deeper server gains; after changes that realized nothing,
+    # A quiet greedy half hour: a deeper server gains; after changes that realized nothing,
     # the same gain no longer clears the bar, and a change that paid lowers it again.
-    planner, now = planner_after([(600.0, {GREEDY: 2.0})], regret_cap=5.0)
+    planner, now = planner_after([(1800.0, {GREEDY: 2.0})], regret_cap=5.0)
     assert planner.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
     gain = planner.plan(now, pool(1, 1, 1), estimates())
     assert gain.proposed is not None

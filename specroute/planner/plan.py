@@ -99,11 +99,12 @@ class Planner:
             best = self._gainful_first(servers, best, loads, phys, escape)
         shown = best or gaining
         bar = self.bar
+        untold = self._untold_note(loads, regime)
         if shown is None:
+            why = f"no assignment gains {bar:.0%} over {horizon:.0f}s{untold}"
             return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
-                        current=now_fc, horizon_s=horizon, bar=bar,
-                        reason=f"no assignment gains {bar:.0%} over {horizon:.0f}s")  # fmt: skip
-        reason = _numbers(now_fc, shown, regime, horizon, len(loads)) + lane_reason(
+                        current=now_fc, horizon_s=horizon, bar=bar, reason=why)  # fmt: skip
+        reason = _numbers(now_fc, shown, regime, horizon, len(loads)) + untold + lane_reason(
             self.lanes, phys, users, ([s.setting for s in servers], now_fc),
             (shown.settings, shown.forecast),
         )  # fmt: skip
@@ -220,10 +221,10 @@ class Planner:
         horizon_s, loads = horizon
         current = tuple(s.setting for s in servers)
         now_value = self._value(current, loads, phys)
-        unknown = max(0.0, 1.0 - sum(w for w, _ in loads)) * now_fc.value
+        unseen = _untold(loads)
+        unknown = unseen * now_fc.value
         choices = [c for c in self.choices if c.deepest in phys.depths]
-        sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
-        peak = max(sized_for, regime.peak_concurrency)
+        peak = self._peak(regime)
         # A restart runs under the load now while the regime lasts, and may meet the peak the
         # pool was sized for or has seen if the regime ends first: each server's loss is the
         # two weighed by the chance the regime outlasts its restart (`_outlasts`).
@@ -235,6 +236,7 @@ class Planner:
             peak_loss = max(now_loss, self._loss(servers, i, at_peak, phys, peak_fc))
             stays = _outlasts(regime, server.startup_s + o.drain_s)
             lost.append(stays * now_loss + (1.0 - stays) * peak_loss)
+        risks = self._risks(current, peak, regime, phys) if unseen > 0 else []
         best: _Candidate | None = None
         gaining: _Candidate | None = None
         for combo in itertools.combinations_with_replacement(choices, len(servers)):
@@ -243,7 +245,7 @@ class Planner:
                 continue
             if self._escape_load(settings, phys) < escape:
                 continue
-            value = self._value(settings, loads, phys)
+            value = self._value(settings, loads, phys) - unseen * self._risk(settings, risks, phys)
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
             fc = self._forecast(settings, users, phys)
@@ -254,6 +256,46 @@ class Planner:
             if pays and (best is None or cand.rank() > best.rank()):
                 best = cand
         return best, gaining
+
+    def _peak(self, regime: Regime) -> float:
+        """The load the pool may meet: the peak the operator named, else the slots of the
+        pool as launched; the highest load seen if more."""
+        o = self.options
+        sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
+        return max(sized_for, regime.peak_concurrency)
+
+    def _risks(
+        self, current: Sequence[Setting], peak: float, regime: Regime, phys: Physics
+    ) -> list[tuple[dict[str, int], float]]:
+        """The loads the part of the horizon no regime seen tells may hold, each with what
+        the current pool yields there: the peak (`_peak`), of each class the pool knows. The
+        pool was launched for them, and nothing seen says which comes (before the first
+        regime ends, a quiet greedy spell says nothing of the busy sampled hour after it).
+        None when the load now is the peak."""
+        if peak <= regime.concurrency:
+            return []
+        known = sorted(set(phys.est.classes) | set(regime.shares))
+        at_peak = (user_counts(peak, {c: 1.0}) for c in known)
+        return [(users, self._forecast(current, users, phys).value) for users in at_peak]
+
+    def _risk(
+        self,
+        settings: Sequence[Setting],
+        risks: Sequence[tuple[Mapping[str, int], float]],
+        phys: Physics,
+    ) -> float:
+        """The most `settings` could lose against the current pool at one of `risks`, per
+        second (0 when it loses at none): where no regime seen tells the load, a change is
+        credited no gain and charged the worst it may meet."""
+        lost = (value - self._forecast(settings, users, phys).value for users, value in risks)
+        return max([0.0, *lost])
+
+    def _untold_note(self, loads: Sequence[tuple[float, Mapping[str, int]]], regime: Regime) -> str:
+        """How much of the horizon no regime seen tells, when it is charged (`_risks`)."""
+        untold, peak = _untold(loads), self._peak(regime)
+        if untold <= 0 or peak <= regime.concurrency:
+            return ""
+        return f"; {untold:.0%} of it at loads not seen yet, charged the worst at {peak:.0f} users"
 
     def _gainful_first(
         self,
@@ -413,6 +455,11 @@ class Planner:
         if server.limit is not None:
             return float(server.limit)
         return self.options.overcommit * phys.depths[server.setting.deepest].capacity
+
+
+def _untold(loads: Sequence[tuple[float, Mapping[str, int]]]) -> float:
+    """The share of the horizon no regime seen tells (`RegimeTracker.mixture`)."""
+    return max(0.0, 1.0 - sum(w for w, _ in loads))
 
 
 def _undoes(servers: Sequence[ServerState], settings: Sequence[Setting], regime: Regime) -> bool:
