@@ -504,6 +504,7 @@ def test_a_first_quiet_spell_is_not_taken_for_all_the_load_to_come() -> None:
     plan = first.plan(now, pool(1, 1, 1), estimates())
     assert plan.start == ()
     assert plan.verdict == "hold: nothing gains enough", plan.reason
+    assert "46% of it at loads not seen yet, charged the worst at 75 users" in plan.reason
     # Told the pool never sees more than two users, it goes deep at once.
     told, now = planner_after([(600.0, {GREEDY: 2.0})], peak_concurrency=2.0)
     assert told.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
