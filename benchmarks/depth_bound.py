@@ -74,6 +74,7 @@ SOURCES = (
     "specroute/emulator/adaptive.py", "specroute/emulator/adaptive_config.py",
     "specroute/policies/*.py", "specroute/pool/telemetry.py",
     "specroute/pool/estimators.py", "specroute/pool/prior.py", "specroute/speculation.py",
+    "specroute/profile_format.py", "specroute/proxy/info.py",
 )  # fmt: skip
 """What a simulated run depends on; `auto` also depends on the depth loop and its contract."""
 Cell = tuple[float, float, float]

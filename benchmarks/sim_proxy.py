@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from specroute.proxy.info import prior_depths
 from specroute.wire import (
     BackendSnapshot,
     ClassSnapshot,
     HoldAnswer,
     HoldState,
-    IterationFit,
     PlanDocument,
     PoolEstimates,
     PoolSnapshot,
@@ -76,8 +76,7 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
                             samples=c.samples, mean_tokens=c.mean_tokens)
         for name, c in sim.telemetry.classes().items()
     }  # fmt: skip
-    depths = {k: IterationFit(intercept_s=a, per_token_s=s)
-              for k, (a, s) in sorted(sim.telemetry.priors.items())}  # fmt: skip
+    depths = prior_depths(sim.telemetry)
     estimates = PoolEstimates(classes=classes, local_classes=classes, depths=depths,
                               prior_alpha=sim.telemetry.acceptance.prior_alpha,
                               capacity=dict(sorted(sim.tuned_capacity.items())))  # fmt: skip

@@ -50,6 +50,7 @@ __all__ = [
     "Target",
     "Traffic",
     "decode_profile",
+    "depth_curves",
     "depth_of",
     "encode_profile",
     "fit_acceptance",
@@ -178,8 +179,11 @@ def depth_of(target: Target) -> int | None:
     return 0 if target.algorithm is None and target.max_running_requests else None
 
 
-def fit_depths(targets: Iterable[Target]) -> list[DepthFit]:
-    """T(b, k) per depth over every fixed-depth target's points, b = min(C, R(k))."""
+def _depth_points(
+    targets: Iterable[Target],
+) -> tuple[dict[int, list[tuple[float, float]]], dict[int, int | None]]:
+    """Every fixed-depth target's (tokens verified per iteration, seconds) points per depth,
+    b = min(C, R(k)) running requests verifying k + 1 tokens each, and each depth's R(k)."""
     by_steps: defaultdict[int, list[tuple[float, float]]] = defaultdict(list)
     capacity: dict[int, int | None] = {}
     for target in targets:
@@ -194,6 +198,12 @@ def fit_depths(targets: Iterable[Target]) -> list[DepthFit]:
             if target.max_running_requests:
                 running = min(running, target.max_running_requests)
             by_steps[steps].append((running * (steps + 1.0), p.iteration_time_s))
+    return dict(by_steps), capacity
+
+
+def fit_depths(targets: Iterable[Target]) -> list[DepthFit]:
+    """T(b, k) per depth over every fixed-depth target's points, b = min(C, R(k))."""
+    by_steps, capacity = _depth_points(targets)
     fits = []
     for steps, pts in sorted(by_steps.items()):
         line = fit_line(pts)
@@ -208,6 +218,25 @@ def fit_depths(targets: Iterable[Target]) -> list[DepthFit]:
                 )
             )
     return fits
+
+
+def depth_curves(targets: Iterable[Target]) -> dict[int, tuple[tuple[float, float], ...]]:
+    """Per depth, the measured iteration time at each number of tokens verified per iteration
+    (the mean of the points there), sorted by tokens and never falling as tokens grow (a
+    bigger batch is never faster; a dip is noise): what `speculation.measured_time` reads
+    between the points, where the line of `fit_depths` misses the bend."""
+    by_steps, _ = _depth_points(targets)
+    curves = {}
+    for steps, pts in sorted(by_steps.items()):
+        sums: defaultdict[float, list[float]] = defaultdict(list)
+        for x, y in pts:
+            sums[x].append(y)
+        curve, top = [], 0.0
+        for x in sorted(sums):
+            top = max(top, sum(sums[x]) / len(sums[x]))
+            curve.append((x, top))
+        curves[steps] = tuple(curve)
+    return curves
 
 
 def _bucket(traffic: Traffic | None) -> str | None:

@@ -7,20 +7,26 @@ from __future__ import annotations
 import msgspec
 
 from specroute.policies import ClassEstimate
-from specroute.speculation import PRIOR_ALPHA, Curve, fit_curve, iteration_time
+from specroute.speculation import PRIOR_ALPHA, Curve, fit_curve, iteration_time, measured_time
 
 __all__ = ["DepthEstimate", "Estimates"]
 
 
 class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
-    """What is known of one depth: R(k) and `T(b) = intercept_s + per_token_s * b * (k + 1)`."""
+    """What is known of one depth: R(k) and `T(b) = intercept_s + per_token_s * b * (k + 1)`,
+    or, where `measured` has points (tune's, for a depth no server runs), T read between them
+    at b * (k + 1) tokens (`speculation.measured_time`)."""
 
     steps: int
     capacity: int
     intercept_s: float
     per_token_s: float
+    measured: tuple[tuple[float, float], ...] = ()
 
     def iteration_time(self, batch: float) -> float:
+        if self.measured:
+            tokens = batch * (max(0, self.steps) + 1)
+            return measured_time(self.measured, tokens, self.per_token_s)
         return iteration_time(self.intercept_s, self.per_token_s, batch, self.steps)
 
 

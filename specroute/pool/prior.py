@@ -9,8 +9,8 @@ from pathlib import Path
 import msgspec
 
 from specroute.errors import ConfigError
-from specroute.pool.telemetry import IterationPrior, Telemetry
-from specroute.profile_format import SCHEMA, ProfileFormatError, decode_profile
+from specroute.pool.telemetry import IterationCurve, IterationPrior, Telemetry
+from specroute.profile_format import SCHEMA, ProfileFormatError, decode_profile, depth_curves
 from specroute.speculation import PRIOR_ALPHA
 
 __all__ = [
@@ -30,11 +30,13 @@ the profiled traffic takes over within seconds."""
 
 
 class Prior(msgspec.Struct, frozen=True, kw_only=True):
-    """What the pool takes from a profile: per depth T(b, k) and R(k), per sampling bucket the
-    accept length per depth and alpha, and the model names its classes are keyed by."""
+    """What the pool takes from a profile: per depth T(b, k) (the line, and the measured
+    points it was fitted to) and R(k), per sampling bucket the accept length per depth and
+    alpha, and the model names its classes are keyed by."""
 
     source: str = ""
     iteration: dict[int, IterationPrior] = {}
+    curves: dict[int, IterationCurve] = {}
     capacity: dict[int, int] = {}
     accept_length: dict[str, dict[int, float]] = {}
     alpha: dict[str, float] = {}
@@ -46,7 +48,7 @@ class Prior(msgspec.Struct, frozen=True, kw_only=True):
         model name, a client's own class) starts at the sampled alpha, SGLang's default being
         sampling."""
         telemetry = Telemetry(prior_alpha=self.alpha.get("sampled", PRIOR_ALPHA))
-        telemetry.seed(self.iteration.items())
+        telemetry.seed(self.iteration.items(), self.curves.items())
         for model in self.models:
             for bucket, lengths in self.accept_length.items():
                 for steps, length in sorted(lengths.items()):
@@ -66,6 +68,7 @@ def prior_from_profile(data: bytes, *, source: str = "") -> Prior:
     return Prior(
         source=source,
         iteration={d.steps: (d.intercept_s, d.per_token_s) for d in profile.depths},
+        curves=depth_curves(profile.targets),
         capacity={
             d.steps: d.max_running_requests for d in profile.depths if d.max_running_requests
         },

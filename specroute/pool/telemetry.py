@@ -25,12 +25,21 @@ from specroute.pool.estimators import (
 )
 from specroute.speculation import PRIOR_ALPHA
 
-__all__ = ["IterationPrior", "StreamTimes", "Telemetry", "accept_sample", "iteration_sample"]
+__all__ = [
+    "IterationCurve",
+    "IterationPrior",
+    "StreamTimes",
+    "Telemetry",
+    "accept_sample",
+    "iteration_sample",
+]
 
 log = structlog.get_logger()
 
 IterationPrior = tuple[float, float]
 """(intercept seconds, seconds per batch token) for one depth, e.g. fitted from a profile."""
+IterationCurve = tuple[tuple[float, float], ...]
+"""A depth's measured (tokens verified per iteration, seconds) points, sorted by tokens."""
 
 # Verifies one scraped (per-backend, all classes mixed) accept length counts as: a weak hint.
 _SCRAPED_WEIGHT = 1.0
@@ -104,6 +113,8 @@ class Telemetry:
         self.lengths = ClassLengths()
         self.iteration: dict[tuple[str, int], IterationTimeModel] = {}
         self.priors: dict[int, IterationPrior] = dict(priors or {})
+        self.curves: dict[int, IterationCurve] = {}
+        """The prior's measured points per depth: the planner's T(b) at depths no server runs."""
         self.sources: dict[str, int] = {}
         self.streams: dict[str, StreamTimes] = {}
         self._classes: dict[str, ClassEstimate] | None = None
@@ -125,9 +136,14 @@ class Telemetry:
             self.iteration[key] = model
         return model
 
-    def seed(self, priors: Iterable[tuple[int, IterationPrior]]) -> None:
+    def seed(
+        self,
+        priors: Iterable[tuple[int, IterationPrior]],
+        curves: Iterable[tuple[int, IterationCurve]] = (),
+    ) -> None:
         """Priors per depth (from a bench profile); models already created keep their data."""
         self.priors.update(priors)
+        self.curves.update(curves)
 
     def observe(
         self,

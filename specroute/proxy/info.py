@@ -15,6 +15,7 @@ from specroute.errors import NoHealthyBackendError, UpstreamUnavailableError
 from specroute.lanes import BATCH, INTERACTIVE
 from specroute.policies import ClassEstimate
 from specroute.pool import Backend, Hold, UpstreamFailure
+from specroute.pool.telemetry import Telemetry
 from specroute.proxy.state import ProxyState
 from specroute.proxy.vllm_info import vllm_server_info
 from specroute.wire import BackendSnapshot, ClassSnapshot, IterationFit, PoolEstimates, PoolSnapshot
@@ -22,6 +23,7 @@ from specroute.wire import BackendSnapshot, ClassSnapshot, IterationFit, PoolEst
 __all__ = [
     "model_list",
     "pool_info",
+    "prior_depths",
     "proxied_info",
     "replicas_info",
     "scrub_secrets",
@@ -104,12 +106,17 @@ def _estimates(state: ProxyState) -> PoolEstimates:
         prior_alpha=telemetry.acceptance.prior_alpha,
         acceptance_sources=dict(telemetry.sources),
         iteration=iteration,
-        depths={
-            k: IterationFit(intercept_s=a, per_token_s=s)
-            for k, (a, s) in sorted(telemetry.priors.items())
-        },
+        depths=prior_depths(telemetry),
         capacity=dict(sorted(pool.tuned_capacity.items())),
     )
+
+
+def prior_depths(telemetry: Telemetry) -> dict[int, IterationFit]:
+    """`/pool`'s `estimates.depths`: the prior's line and measured points per depth."""
+    return {
+        k: IterationFit(intercept_s=a, per_token_s=s, measured=list(telemetry.curves.get(k, ())))
+        for k, (a, s) in sorted(telemetry.priors.items())
+    }
 
 
 def _classes(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnapshot]:

@@ -110,10 +110,11 @@ def estimates(
     """The planner's estimates for every allowed depth, or None before any fit exists.
 
     A depth no backend runs takes the prior's fit for it (what tune measured at that depth:
-    its drafts' own cost), else borrows the nearest fitted depth's T(b) (the model scales with
-    k + 1, not with the drafts); its capacity is its `--max-running-requests` (`limit`), never
-    more than the prior's tune measured at that depth nor than a shallower depth was seen to
-    hold: drafts only take memory away."""
+    its drafts' own cost; read between its measured points where it has them), else borrows
+    the nearest fitted depth's T(b) (the model scales with k + 1, not with the drafts); its
+    capacity is its `--max-running-requests` (`limit`), never more than the prior's tune
+    measured at that depth nor than a shallower depth was seen to hold:
+    drafts only take memory away."""
     backends = pool.backends
     fits = fits_by_depth(backends)
     if not fits:
@@ -123,15 +124,19 @@ def estimates(
     tuned = pool.estimates.capacity
     depths = {}
     for k in allowed:
+        measured: tuple[tuple[float, float], ...] = ()
         if k not in fits and k in priors:
             a, s = priors[k].intercept_s, priors[k].per_token_s
+            measured = tuple(sorted(priors[k].measured))
         else:
             a, s, _ = fits[min(fits, key=lambda d: (abs(d - k), -d))]
-        measured = [tuned[k]] if k in tuned else []
-        capacity = min([limit(k), *measured, *(c for d, c in seen.items() if d <= k)])
+        limits = [tuned[k]] if k in tuned else []
+        capacity = min([limit(k), *limits, *(c for d, c in seen.items() if d <= k)])
         if k in seen:
             capacity = seen[k]
-        depths[k] = DepthEstimate(steps=k, capacity=capacity, intercept_s=a, per_token_s=s)
+        depths[k] = DepthEstimate(
+            steps=k, capacity=capacity, intercept_s=a, per_token_s=s, measured=measured
+        )
     classes = {name: _class(c) for name, c in pool.estimates.classes.items()}
     return Estimates(depths=depths, classes=classes, prior_alpha=pool.estimates.prior_alpha)
 

@@ -102,6 +102,9 @@ class IterationFit(_Wire):
     intercept_s: float
     per_token_s: float
     observations: int = 0
+    measured: list[tuple[float, float]] = []
+    """In `depths`: the (tokens verified per iteration, seconds) points tune measured at the
+    depth, which the planner reads between rather than along the line."""
 
 
 class PoolEstimates(msgspec.Struct, kw_only=True):
