@@ -428,6 +428,26 @@ def test_a_depth_no_backend_runs_takes_the_priors_own_fit() -> None:
     assert est.depths[3].intercept_s == 0.03  # a depth that runs keeps its live fit
 
 
+def test_a_depth_no_backend_runs_is_read_between_the_points_its_tune_measured() -> None:
+    # Iteration time bends (expert reads saturate): the planner reads T between tune's points
+    # at b * (k + 1) tokens, and past the last along the last segment, not along the line.
+    answer = pool_answer({"g": 1})
+    points = [(6.0, 0.03), (24.0, 0.06), (96.0, 0.08)]
+    answer.estimates.depths = {
+        5: IterationFit(intercept_s=0.035, per_token_s=0.0005, measured=points),
+        3: IterationFit(intercept_s=0.035, per_token_s=0.0005, measured=points),
+    }
+    est = estimates(answer, (1, 3, 5), lambda k: 48)
+    assert est is not None
+    k5 = est.depths[5]
+    assert k5.iteration_time(4) == pytest.approx(0.06)  # 24 tokens: the point itself
+    assert k5.iteration_time(2) == pytest.approx(0.04)  # 12 tokens: a third of the way up
+    assert k5.iteration_time(32) == pytest.approx(0.08 + 96 * 0.02 / 72)  # past the last
+    assert k5.iteration_time(4) != pytest.approx(0.035 + 0.0005 * 24, rel=0.1)  # the line's
+    # A depth that runs keeps its live fit, a line.
+    assert est.depths[3].iteration_time(4) == pytest.approx(0.03 + 0.0005 * 16)
+
+
 def test_a_depth_no_backend_runs_holds_what_the_priors_tune_measured() -> None:
     # The tune measured k5 at 13 and k7 at 10 requests: below what k3 holds (17) and launch's 48.
     answer = pool_answer({"g": 1})

@@ -19,7 +19,9 @@ from specroute.planner import (
     forecast,
     user_counts,
 )
+from specroute.emulator.profiles import PROFILES
 from specroute.policies import ClassEstimate
+from specroute.profile_format import Point, Target, depth_curves, fit_depths, fit_line
 from specroute.speculation import expected_tokens
 
 GREEDY, SAMPLED = "m:greedy", "m:sampled"
@@ -514,6 +516,48 @@ def test_a_first_quiet_spell_is_not_taken_for_all_the_load_to_come() -> None:
     assert seen.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
     lasted, now = planner_after([(1800.0, {GREEDY: 2.0})])
     assert lasted.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
+
+
+def test_a_depth_no_server_runs_is_valued_at_what_tune_measured_not_at_its_line() -> None:
+    # The h200 shape's iteration time bends as its expert reads saturate. Three k2 servers at
+    # 16 busy sampled users each, k2's live fit taken near 16 users: k1's line from tune (63.5
+    # ms at 16 users, where tune measured 71.6) made two servers move to k1, which runs slower
+    # there. Read between tune's points, k1 is what it is and nothing moves.
+    truth = PROFILES["h200-qwen35-122b-shape"]
+    targets = [
+        Target(label=f"steps{k}", steps=k, max_running_requests=truth.capacity(k), points=[
+            Point(traffic="busy", concurrency=c, requests=c,
+                  iteration_time_s=truth.iteration_time(min(c, truth.capacity(k)), k))
+            for c in (1, 4, 16, 32, 64)])
+        for k in range(4)
+    ]  # fmt: skip
+    tuned = {fit.steps: fit for fit in fit_depths(targets)}
+    measured = depth_curves(targets)
+    live = fit_line([(b * 3.0, truth.iteration_time(b, 2)) for b in range(12, 21)])
+    assert live is not None
+    lengths = {k: truth.expected_tokens("high", k) for k in (1, 2, 3)}
+    classes = {SAMPLED: ClassEstimate(alpha=0.7, accept_length=lengths, samples=1000)}
+    planner, now = planner_after([(1800.0, {SAMPLED: 48.0})], max_steps=3, peak_concurrency=48)
+    servers = [ServerState(name=f"b{i}", setting=Setting(steps=2), startup_s=60.0, limit=48)
+               for i in range(3)]  # fmt: skip
+
+    def plan(read_between: bool) -> tuple[int, ...]:
+        depths = {
+            k: DepthEstimate(steps=k, capacity=truth.capacity(k), intercept_s=fit.intercept_s,
+                             per_token_s=fit.per_token_s,
+                             measured=measured[k] if read_between else ())
+            for k, fit in tuned.items()
+        }  # fmt: skip
+        depths[2] = DepthEstimate(steps=2, capacity=truth.capacity(2), intercept_s=live[0],
+                                  per_token_s=live[1])  # fmt: skip
+        result = planner.plan(now, servers, Estimates(depths=depths, classes=classes))
+        return tuple(c.after.steps for c in result.changes)
+
+    assert plan(read_between=False) == (1, 1)  # the line's mistake, as it was made
+    assert plan(read_between=True) == ()
+    # Three k1 servers really run slower than three k2 at 16 users each.
+    speed = {k: 16 * lengths[k] / truth.iteration_time(16, k) for k in (1, 2)}
+    assert speed[1] < speed[2]
 
 
 def test_a_forecast_missed_under_one_load_does_not_raise_the_bar_under_another() -> None:

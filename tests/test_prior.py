@@ -5,6 +5,7 @@ unreadable files and of other format versions."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from specroute.config import load_config
 from specroute.errors import ConfigError
 from specroute.pool import Pool, UpstreamClient
 from specroute.pool.prior import PRIOR_VERIFIES, load_prior
+from specroute.proxy.info import prior_depths
 from specroute.profile_format import (
     SCHEMA,
     Point,
@@ -94,6 +96,41 @@ def test_the_prior_seeds_the_estimators_the_pool_starts_with(tmp_path: Path) -> 
     assert classes[f"{MODEL}:sampled"].accept_length == pytest.approx({1: 1.80, 3: 2.50})
     # A class the profile never saw starts from the measured sampled acceptance.
     assert telemetry.acceptance.prior_alpha == pytest.approx(_profile().acceptance["sampled"].alpha)
+
+
+def test_the_prior_keeps_what_tune_measured_where_iteration_time_bends(tmp_path: Path) -> None:
+    # Expert reads saturate: T rises fast at small batches and slowly past them. /pool hands
+    # the planner each depth's points (tokens per iteration, mean seconds), capped at R(k),
+    # never falling as the batch grows; the line alone misses them.
+    def bent(tokens: float) -> float:
+        return 0.015 + 0.06 * (1 - math.exp(-tokens / 24))
+
+    points = [
+        Point(traffic=kind, concurrency=c, requests=2 * c,
+              iteration_time_s=bent(min(c, 26) * 2) + (0.001 if kind == "greedy" else -0.001))
+        for kind in ("greedy", "sampled")
+        for c in (1, 4, 16, 64)
+    ]  # fmt: skip
+    points.append(Point(traffic="sampled", concurrency=20, requests=8, iteration_time_s=0.01))
+    target = Target(label="steps1", model=MODEL, steps=1, max_running_requests=26, points=points)
+    profile = Profile(traffic=[_traffic("greedy", True), _traffic("sampled", False)],
+                      targets=[target])  # fmt: skip
+    path = _write(tmp_path, encode_profile(with_fits(profile)))
+    config = load_config(
+        None,
+        environ={},
+        overrides={"backends": ["http://127.0.0.1:9"], "prior": {"path": str(path)}},
+    )
+    pool = Pool(config, UpstreamClient(config.timeouts, config.client))
+    shown = prior_depths(pool.telemetry)[1]
+    tokens = [2.0, 8.0, 32.0, 40.0, 52.0]  # 64 users run 26
+    assert [x for x, _ in shown.measured] == tokens
+    # Two traffic kinds averaged at each; the dip measured at 20 users is held at the level
+    # before it.
+    expected = [bent(2), bent(8), bent(32), bent(32), bent(52)]
+    assert [y for _, y in shown.measured] == pytest.approx(expected)
+    line = [shown.intercept_s + shown.per_token_s * x for x in tokens]
+    assert max(abs(a / bent(x) - 1) for a, x in zip(line, tokens, strict=True)) > 0.1
 
 
 def test_a_vllm_backend_takes_the_batch_limit_the_tune_measured_at_the_depth_it_runs(
