@@ -8,6 +8,7 @@ import itertools
 import msgspec
 import pytest
 
+from specroute.emulator.profiles import PROFILES
 from specroute.planner import (
     DepthEstimate,
     Estimates,
@@ -19,7 +20,6 @@ from specroute.planner import (
     forecast,
     user_counts,
 )
-from specroute.emulator.profiles import PROFILES
 from specroute.policies import ClassEstimate
 from specroute.profile_format import Point, Target, depth_curves, fit_depths, fit_line
 from specroute.speculation import expected_tokens
@@ -288,6 +288,31 @@ def test_a_pool_on_its_way_to_its_target_is_never_stuck_half_way() -> None:
     assert deep == ["k7", "k7"]
     assert int(first[1:]) < 3
     assert [c.server for c in plan.changes] == ["b0", "b1"]
+    assert [c.server for c in plan.start] == ["b0"]
+
+
+def test_a_step_that_makes_room_is_not_begun_for_a_rest_that_would_not_pay_from_there() -> None:
+    # Ten minutes of a few users, the peak named 60: the target is a k1 server (to make room)
+    # and two k7, the k1 step first, gaining nothing on its own. Planned again from k1/k3/k7,
+    # the unseen load's charge and the bar count from there and the k7 step no longer pays:
+    # begun, the k1 restart would have been for nothing.
+    mix = {GREEDY: 5.6, SAMPLED: 2.4}
+    planner, now = planner_after([(600.0, mix)], peak_concurrency=60.0)
+    plan = planner.plan(now, pool(3, 3, 7), estimates())
+    assert plan.proposed is not None
+    assert plan.proposed.settings == ("k1", "k7", "k7")
+    assert [c.server for c in plan.changes] == ["b0", "b1"]
+    assert plan.start == ()
+    assert plan.verdict == "hold: the rest of the target would not pay from half-way"
+    halfway = [
+        msgspec.structs.replace(s, setting=Setting(steps=1), previous=s.setting, changed_at=now)
+        if s.name == "b0" else s
+        for s in pool(3, 3, 7)
+    ]  # fmt: skip
+    assert planner.plan(now, halfway, estimates()).start == ()
+    # Half an hour of the same load: from half-way the rest still pays, and the step begins.
+    planner, now = planner_after([(1800.0, mix)], peak_concurrency=60.0)
+    plan = planner.plan(now, pool(3, 3, 7), estimates())
     assert [c.server for c in plan.start] == ["b0"]
 
 

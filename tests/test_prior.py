@@ -15,7 +15,6 @@ from specroute.config import load_config
 from specroute.errors import ConfigError
 from specroute.pool import Pool, UpstreamClient
 from specroute.pool.prior import PRIOR_VERIFIES, load_prior
-from specroute.proxy.info import prior_depths
 from specroute.profile_format import (
     SCHEMA,
     Point,
@@ -26,6 +25,7 @@ from specroute.profile_format import (
     encode_profile,
     with_fits,
 )
+from specroute.proxy.info import prior_depths
 
 MODEL = "Qwen/Qwen3.5-122B-A10B"
 INTERCEPT, PER_TOKEN = 0.0155, 0.00021

@@ -115,6 +115,8 @@ class Planner:
             verdict = f"hold: proposed {standing:.0f}s ago, confirming for {o.confirm_s:.0f}s"
         else:
             start, blocked = self._startable(now, servers, best, regime, phys)
+            if start and self._stranded(now, servers, start, best, (users, phys, now_fc)):
+                start, blocked = (), "the rest of the target would not pay from half-way"
             verdict = "reconfigure" if start else f"hold: {blocked}"
         expected = None
         if start:  # what the pool will run once these changes are done: held to account
@@ -256,6 +258,39 @@ class Planner:
             if pays and (best is None or cand.rank() > best.rank()):
                 best = cand
         return best, gaining
+
+    def _stranded(
+        self,
+        now: float,
+        servers: Sequence[ServerState],
+        start: Sequence[Change],
+        target: _Candidate,
+        at: tuple[Mapping[str, int], Physics, Forecast],
+    ) -> bool:
+        """Would `start`, part of `target`'s changes and gaining nothing now on its own (a
+        server moved to make room for the rest), leave the pool where the rest no longer pays?
+        Each step is planned afresh from the pool it leaves: the unseen load's charge and the
+        bar are then counted from there, and a first step made for a target the next plan
+        does not want again is a restart for nothing."""
+        users, phys, now_fc = at
+        if len(start) >= len(target.changes):
+            return False
+        moved = {c.server: c.after for c in start}
+        after = [
+            msgspec.structs.replace(s, setting=moved[s.name], previous=s.setting, changed_at=now)
+            if s.name in moved else s
+            for s in servers
+        ]  # fmt: skip
+        after_fc = self._forecast([s.setting for s in after], users, phys)
+        if after_fc.value > now_fc.value * (1.0 + self.bar):
+            return False  # it pays on its own
+        regime = self.regimes.view(now)
+        horizon = self.horizon(after, regime)
+        loads = self._loads(now, horizon, users)
+        onward, _ = self._search(
+            after, users, phys, after_fc, regime, (horizon, loads), self._escape_floor(regime)
+        )
+        return onward is None
 
     def _peak(self, regime: Regime) -> float:
         """The load the pool may meet: the peak the operator named, else the slots of the
