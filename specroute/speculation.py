@@ -104,7 +104,7 @@ def measured_time(
 
     The line through every point misses where iteration time bends: a sparse model's expert
     reads saturate as the batch grows, and the h200 shape's line put 16 users at depth 1 at
-    63.5 ms where tune measured 71.6 ms, which made depth 1 look faster than depth 2 there."""
+    63.5 ms where tune measured 71.9 ms, which made depth 1 look faster than depth 2 there."""
     if len(points) == 1:
         x, y = points[0]
         return max(1e-6, y + per_token_s * (tokens - x))

@@ -546,7 +546,7 @@ def test_a_first_quiet_spell_is_not_taken_for_all_the_load_to_come() -> None:
 def test_a_depth_no_server_runs_is_valued_at_what_tune_measured_not_at_its_line() -> None:
     # The h200 shape's iteration time bends as its expert reads saturate. Three k2 servers at
     # 16 busy sampled users each, k2's live fit taken near 16 users: k1's line from tune (63.5
-    # ms at 16 users, where tune measured 71.6) made two servers move to k1, which runs slower
+    # ms at 16 users, where tune measured 71.9) made two servers move to k1, which runs slower
     # there. Read between tune's points, k1 is what it is and nothing moves.
     truth = PROFILES["h200-qwen35-122b-shape"]
     targets = [

@@ -115,7 +115,8 @@ class Planner:
             verdict = f"hold: proposed {standing:.0f}s ago, confirming for {o.confirm_s:.0f}s"
         else:
             start, blocked = self._startable(now, servers, best, regime, phys)
-            if start and self._stranded(now, servers, start, best, (users, phys, now_fc)):
+            at = (users, phys, now_fc, regime, escape)
+            if start and self._stranded(now, servers, start, best, at):
                 start, blocked = (), "the rest of the target would not pay from half-way"
             verdict = "reconfigure" if start else f"hold: {blocked}"
         expected = None
@@ -265,14 +266,14 @@ class Planner:
         servers: Sequence[ServerState],
         start: Sequence[Change],
         target: _Candidate,
-        at: tuple[Mapping[str, int], Physics, Forecast],
+        at: tuple[Mapping[str, int], Physics, Forecast, Regime, float],
     ) -> bool:
         """Would `start`, part of `target`'s changes and gaining nothing now on its own (a
         server moved to make room for the rest), leave the pool where the rest no longer pays?
         Each step is planned afresh from the pool it leaves: the unseen load's charge and the
         bar are then counted from there, and a first step made for a target the next plan
         does not want again is a restart for nothing."""
-        users, phys, now_fc = at
+        users, phys, now_fc, regime, escape = at
         if len(start) >= len(target.changes):
             return False
         moved = {c.server: c.after for c in start}
@@ -284,12 +285,9 @@ class Planner:
         after_fc = self._forecast([s.setting for s in after], users, phys)
         if after_fc.value > now_fc.value * (1.0 + self.bar):
             return False  # it pays on its own
-        regime = self.regimes.view(now)
         horizon = self.horizon(after, regime)
         loads = self._loads(now, horizon, users)
-        onward, _ = self._search(
-            after, users, phys, after_fc, regime, (horizon, loads), self._escape_floor(regime)
-        )
+        onward, _ = self._search(after, users, phys, after_fc, regime, (horizon, loads), escape)
         return onward is None
 
     def _peak(self, regime: Regime) -> float:
