@@ -8,6 +8,7 @@ import pytest
 
 from specroute.policies import Outcome
 from specroute.pool.engines import (
+    MIN_WINDOW_DRAFTS,
     STREAM_FRAMING,
     Engine,
     engine_of_metrics,
@@ -46,21 +47,38 @@ def scrape(drafts: float, accepted: float, *, depth: int = 3, engines: int = 1) 
 
 
 def test_vllm_scrape_sums_ranks_and_reads_depth_from_positions() -> None:
-    metrics = parse_vllm_metrics(scrape(100, 150, depth=4, engines=2))
+    metrics = parse_vllm_metrics(scrape(300, 450, depth=4, engines=2))
     assert (metrics.running, metrics.queued) == (10.0, 2.0)
     assert metrics.steps == 4.0
-    assert metrics.verify_calls == 100.0
+    assert metrics.verify_calls == 300.0
     assert metrics.accept_length == pytest.approx(2.5)  # lifetime: no window yet
 
 
 def test_vllm_accept_length_is_over_the_window_since_the_last_scrape() -> None:
     first = parse_vllm_metrics(scrape(1000, 500))  # 1.5 over its life so far
-    second = parse_vllm_metrics(scrape(1100, 800), first)  # 300 accepted over 100 drafts
+    second = parse_vllm_metrics(scrape(1300, 1400), first)  # 900 accepted over 300 drafts
     assert second.accept_length == pytest.approx(4.0)
-    idle = parse_vllm_metrics(scrape(1100, 800), second)  # nothing verified: keep the last
+    idle = parse_vllm_metrics(scrape(1300, 1400), second)  # nothing verified: keep the last
     assert idle.accept_length == pytest.approx(4.0)
-    restarted = parse_vllm_metrics(scrape(10, 10), idle)  # counters began again
+    restarted = parse_vllm_metrics(scrape(300, 300), idle)  # counters began again
     assert restarted.accept_length == pytest.approx(2.0)
+
+
+def test_vllm_accept_length_waits_for_enough_drafts_and_loses_none() -> None:
+    """A scrape a few drafts after the last reads 1 or k + 1 by chance; the window goes on
+    until it holds `MIN_WINDOW_DRAFTS`, counted from where the last figure ended."""
+    first = parse_vllm_metrics(scrape(1000, 1500))  # 2.5
+    few = parse_vllm_metrics(scrape(1002, 1508), first)  # 2 drafts, all 3 accepted + 1 = 4.0
+    assert few.accept_length == pytest.approx(2.5)
+    more = parse_vllm_metrics(scrape(1001 + MIN_WINDOW_DRAFTS, 1508 + MIN_WINDOW_DRAFTS), few)
+    # The window began at the last figure's end (1000, 1500): the lucky two drafts count in it.
+    assert more.accept_length == pytest.approx(
+        1.0 + (8 + MIN_WINDOW_DRAFTS) / (1 + MIN_WINDOW_DRAFTS)
+    )
+    young = parse_vllm_metrics(scrape(20, 60))  # just started: too few drafts to say
+    assert young.accept_length is None
+    restarted = parse_vllm_metrics(scrape(5, 5), more)  # a restart forgets the old depth's
+    assert restarted.accept_length is None
 
 
 def test_vllm_without_speculation_is_depth_zero_and_junk_is_nothing() -> None:

@@ -20,6 +20,7 @@ from specroute.pool.promtext import BackendMetrics
 from specroute.prometheus import VLLM_PREFIX, read_samples
 
 __all__ = [
+    "MIN_WINDOW_DRAFTS",
     "PROBE_PATH",
     "STREAM_FRAMING",
     "VLLM_GAUGE_LAG_S",
@@ -120,8 +121,9 @@ def vllm_settings(info: dict[str, Any]) -> VllmSettings:
 
 def parse_vllm_metrics(text: str, previous: BackendMetrics | None = None) -> BackendMetrics:
     """One vLLM scrape: load gauges and counters summed over engines (data-parallel ranks), the
-    depth from the per-position counters, and the accept length since `previous` (1 + accepted /
-    drafts over the window; the previous window's figure while no draft was verified since)."""
+    depth from the per-position counters, and the accept length over the window that ended with
+    this scrape (1 + accepted / drafts; the last window's figure while too few drafts were
+    verified since, `MIN_WINDOW_DRAFTS`); `previous` is the backend's last scrape."""
     lines = [ln for ln in text.splitlines() if ln.startswith(_VLLM)]
     samples = read_samples("\n".join(ln for ln in lines if ln.startswith((*_GAUGES, _PER_POS))))
     if samples is None:
@@ -144,16 +146,36 @@ def parse_vllm_metrics(text: str, previous: BackendMetrics | None = None) -> Bac
     return metrics
 
 
+MIN_WINDOW_DRAFTS = 256.0
+"""Drafts an accept length is read over: a scrape that lands a few drafts after the last reads
+1 or `steps + 1` by chance, and every reply that ends before the next scrape learns it
+(`Telemetry.observe`); fewer drafts than this keep the last figure and the window goes on.
+256 drafts put it within about 3% (one draft's accepted tokens vary by about 1); a server
+verifying one request at depth 3 passes that many in about 5 s, the default scrape interval."""
+
+
 def _window_accept_length(now: BackendMetrics, before: BackendMetrics | None) -> float | None:
+    """1 + accepted / drafts since the window began (the server's start, its restart or the
+    last figure), once at least `MIN_WINDOW_DRAFTS` were verified in it; else the last figure.
+    Sets where the next window begins on `now`."""
     drafts, accepted = now.verify_calls, now.accepted_tokens
     if drafts is None or accepted is None:
         return None
-    if before is None or before.verify_calls is None or before.accepted_tokens is None:
-        return 1.0 + accepted / drafts if drafts > 0 else None
-    d_drafts = drafts - before.verify_calls
-    d_accepted = accepted - before.accepted_tokens
-    if d_drafts < 0 or d_accepted < 0:  # the server restarted: its counters began again
-        return 1.0 + accepted / drafts if drafts > 0 else None
-    if d_drafts == 0:
-        return before.accept_length
-    return 1.0 + d_accepted / d_drafts
+    last, base_drafts, base_accepted = None, 0.0, 0.0
+    if before is not None and before.verify_calls is not None:
+        last = before.accept_length
+        base_drafts = _first(before.window_drafts, before.verify_calls)
+        base_accepted = _first(before.window_accepted, before.accepted_tokens, 0.0)
+    if drafts < base_drafts or accepted < base_accepted:
+        # The server restarted: its counters began again, and its depth may have changed.
+        last, base_drafts, base_accepted = None, 0.0, 0.0
+    d_drafts = drafts - base_drafts
+    if d_drafts < MIN_WINDOW_DRAFTS:
+        now.window_drafts, now.window_accepted = base_drafts, base_accepted
+        return last
+    now.window_drafts, now.window_accepted = drafts, accepted
+    return 1.0 + (accepted - base_accepted) / d_drafts
+
+
+def _first(*values: float | None) -> float:
+    return next(v for v in values if v is not None)

@@ -37,6 +37,10 @@ class BackendMetrics(msgspec.Struct, kw_only=True):
     """SGLang's verify calls; vLLM's drafts (one per request per verify pass, the same count)."""
     accepted_tokens: float | None = None
     """vLLM's accepted draft tokens (a counter; SGLang reports a gauge of accept length)."""
+    window_drafts: float | None = None
+    """vLLM's drafts where the window of the next accept length begins."""
+    window_accepted: float | None = None
+    """vLLM's accepted tokens where that window begins."""
 
 
 def parse_metrics(text: str) -> BackendMetrics:
