@@ -327,6 +327,11 @@ class DepthSim(PoolSim):
                 for pending in (task, *self.loop._tasks):  # type: ignore[union-attr]
                     pending.cancel()
                 await asyncio.gather(task, *self.loop._tasks, return_exceptions=True)  # type: ignore[union-attr]
+        if self.loop is not None and self.loop.failed_ticks:
+            # The product's loop goes on after a failed tick (it logs `plan_failed`); a run
+            # with one measured a pool nothing planned for part of the time.
+            failed = self.loop.failed_ticks
+            raise RuntimeError(f"the depth loop failed {failed} ticks") from self.loop.last_failure
         self.bins.extend([0.0] * (math.ceil(end / BIN_S) - len(self.bins)))
         plans: dict[str, int] = {}
         for _, verdict, _, _ in self.decisions:

@@ -174,6 +174,10 @@ class Reconfigurer:
         self.note = "no estimates yet: waiting for the first requests"
         self._ticks = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self.failed_ticks = 0
+        """Ticks that failed on something other than the proxy's answer: a bug, which must
+        not stop the loop for good (the pool would keep its depths, silently)."""
+        self.last_failure: Exception | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sample, plan and act until `stop`; changes under way finish before it returns."""
@@ -184,6 +188,14 @@ class Reconfigurer:
                 await self.tick()
             except (httpx.HTTPError, msgspec.DecodeError) as exc:
                 log.warning("plan_skipped", error=str(exc) or type(exc).__name__)
+            except Exception as exc:
+                # Logged with its traceback the first time and whenever it changes; the next
+                # tick tries again.
+                self.failed_ticks += 1
+                if repr(self.last_failure) != repr(exc):
+                    log.error("plan_failed", error=repr(exc), failed_ticks=self.failed_ticks,
+                              exc_info=exc)  # fmt: skip
+                self.last_failure = exc
             await self._pause(stop, self.options.tick_s - (clock() - started))
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
