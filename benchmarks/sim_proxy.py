@@ -70,6 +70,7 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
             iteration_intercept_s=None if fit is None else fit.intercept,
             iteration_per_token_s=None if fit is None else fit.slope,
             iteration_samples=0 if fit is None else fit.observations,
+            iteration_tokens=None if fit is None else fit.tokens,
         ))  # fmt: skip
     classes = {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),

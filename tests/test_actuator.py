@@ -444,8 +444,27 @@ def test_a_depth_no_backend_runs_is_read_between_the_points_its_tune_measured() 
     assert k5.iteration_time(2) == pytest.approx(0.04)  # 12 tokens: a third of the way up
     assert k5.iteration_time(32) == pytest.approx(0.08 + 96 * 0.02 / 72)  # past the last
     assert k5.iteration_time(4) != pytest.approx(0.035 + 0.0005 * 24, rel=0.1)  # the line's
-    # A depth that runs keeps its live fit, a line.
-    assert est.depths[3].iteration_time(4) == pytest.approx(0.03 + 0.0005 * 16)
+    # A depth that runs and has observed nothing yet reads the points as they are.
+    assert est.depths[3].iteration_time(6) == pytest.approx(0.06)
+
+
+def test_a_depth_that_runs_follows_its_tunes_points_through_its_live_fit() -> None:
+    # Server b runs k3 at 6 requests (24 tokens) where its live line reads 0.042 s and tune
+    # measured 0.06: the points are scaled through the live figure, and keep their bend at
+    # the busy hour where the line, taken at one load, would not.
+    answer = pool_answer({"g": 1})
+    points = [(6.0, 0.03), (24.0, 0.06), (96.0, 0.08)]
+    answer.estimates.depths = {
+        3: IterationFit(intercept_s=0.03, per_token_s=0.0005, measured=points)
+    }
+    b = msgspec.structs.replace(answer.backends[1], iteration_tokens=24.0)
+    answer.backends = [answer.backends[0], b]
+    est = estimates(answer, (1, 3), lambda k: 48)
+    assert est is not None
+    k3 = est.depths[3]
+    assert k3.iteration_time(6) == pytest.approx(0.03 + 0.0005 * 24)  # where it ran: live
+    assert k3.iteration_time(24) == pytest.approx(0.08 * 0.042 / 0.06)  # 96 tokens: the bend
+    assert k3.iteration_time(24) != pytest.approx(0.03 + 0.0005 * 96, rel=0.1)  # the line's
 
 
 def test_a_depth_no_backend_runs_holds_what_the_priors_tune_measured() -> None:

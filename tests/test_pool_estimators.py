@@ -112,6 +112,18 @@ def test_a_server_held_at_one_batch_size_for_hours_keeps_its_iteration_time() ->
     assert worst < 0.01
     assert _seconds(model, 2, 21) == pytest.approx(0.0333, rel=0.01)
     assert 0.0001 < model.slope < 0.0005  # the prior's, not noise
+    assert model.tokens == pytest.approx(63)  # where the fit holds: the planner scales there
+
+
+def test_iteration_time_model_tells_where_it_observed_lately() -> None:
+    model = IterationTimeModel(intercept=0.02, slope=0.0004)
+    assert model.tokens is None  # the prior's pseudo-observations are nowhere in particular
+    for _ in range(3000):
+        model.observe(8, 0.025)
+    for _ in range(3000):
+        model.observe(120, 0.07)
+    assert model.tokens is not None
+    assert 100 < model.tokens < 120  # the busy hour's weighs more: older ones are forgotten
 
 
 def test_iteration_time_model_keeps_its_prior_until_observations_arrive() -> None:

@@ -258,3 +258,19 @@ def test_upstream_timeout_is_504(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                 model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2000
             )
         assert info.value.status_code == 504
+
+
+def test_pool_says_where_a_backends_iteration_fit_was_observed(tmp_path: Path) -> None:
+    # One stream at a time, at the emulator's own speed (chunks apart): each iteration
+    # verifies k + 1 tokens of one request. The planner scales tune's points through the
+    # fit there (`readings._through`).
+    with start_emulator(2, "--seed", "1") as server, serve(tmp_path, [server]) as proxy:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+        for _ in range(3):
+            messages = [{"role": "user", "content": "count"}]
+            list(client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=48, stream=True,  # type: ignore[arg-type]
+            ))  # fmt: skip
+        (backend,) = httpx.get(proxy.url + "/pool").json()["backends"]
+    assert backend["iteration_samples"] == 3
+    assert backend["iteration_tokens"] == pytest.approx(3.0, rel=0.1)

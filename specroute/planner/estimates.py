@@ -14,8 +14,8 @@ __all__ = ["DepthEstimate", "Estimates"]
 
 class DepthEstimate(msgspec.Struct, frozen=True, kw_only=True):
     """What is known of one depth: R(k) and `T(b) = intercept_s + per_token_s * b * (k + 1)`,
-    or, where `measured` has points (tune's, for a depth no server runs), T read between them
-    at b * (k + 1) tokens (`speculation.measured_time`)."""
+    or, where `measured` has points (tune's; for a depth a server runs, scaled through its live
+    fit), T read between them at b * (k + 1) tokens (`speculation.measured_time`)."""
 
     steps: int
     capacity: int

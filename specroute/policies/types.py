@@ -64,6 +64,8 @@ class BackendView(msgspec.Struct, frozen=True, kw_only=True):
     iteration_per_token_s: float | None = None
     """Fitted extra iteration time per token in the batch (running requests x (steps + 1))."""
     iteration_samples: int = 0
+    iteration_tokens: float | None = None
+    """Where the fit's observations lie (their mean tokens per iteration; None before any)."""
     combined: int | None = None
     """Requests on the backend from every proxy and client: its last scrape plus this proxy's
     own changes since (None: no fresh scrape, only `in_flight` is known)."""

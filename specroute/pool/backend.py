@@ -251,4 +251,5 @@ class Backend:
             iteration_intercept_s=iteration.intercept if iteration else None,
             iteration_per_token_s=iteration.slope if iteration else None,
             iteration_samples=iteration.observations if iteration else 0,
+            iteration_tokens=iteration.tokens if iteration else None,
         )

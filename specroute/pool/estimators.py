@@ -113,6 +113,8 @@ class IterationTimeModel:
     _sxy: float = 0.0
     _anchor: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     observations: int = 0
+    _ow: float = 0.0
+    _ox: float = 0.0
 
     def __post_init__(self) -> None:
         for n in _PRIOR_BATCHES:
@@ -123,6 +125,12 @@ class IterationTimeModel:
             w * len(points), w * sum(n for n, _ in points), w * sum(t for _, t in points),
             w * sum(n * n for n, _ in points), w * sum(n * t for n, t in points),
         )  # fmt: skip
+
+    @property
+    def tokens(self) -> float | None:
+        """Where the observations lie: their mean tokens per iteration, weighted as the fit
+        weighs them (None before any)."""
+        return self._ox / self._ow if self._ow > 0 else None
 
     def _add(self, n: float, seconds: float, weight: float) -> None:
         self._sw += weight
@@ -139,6 +147,8 @@ class IterationTimeModel:
         self._sw, self._sx, self._sy = self._sw * f, self._sx * f, self._sy * f
         self._sxx, self._sxy = self._sxx * f, self._sxy * f
         self._add(batch_tokens, seconds, weight)
+        self._ow = self._ow * f + weight
+        self._ox = self._ox * f + weight * batch_tokens
         self.observations += 1
         aw, ax, ay, axx, axy = self._anchor
         sw, sx, sy = self._sw + aw, self._sx + ax, self._sy + ay

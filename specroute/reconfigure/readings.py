@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from specroute.lanes import INTERACTIVE
 from specroute.planner import DepthEstimate, Estimates, LaneDemand
 from specroute.policies import ClassEstimate
+from specroute.speculation import measured_time
 from specroute.wire import BackendSnapshot, ClassSnapshot, PoolSnapshot
 
 __all__ = ["LANE_WINDOW", "LaneTraffic", "Traffic", "estimates", "fits_by_depth"]
@@ -80,20 +82,36 @@ class LaneTraffic:
         return LaneDemand(share=share, target_tok_s=lane.target_tok_s, classes=classes)
 
 
-def fits_by_depth(backends: Sequence[BackendSnapshot]) -> dict[int, tuple[float, float, int]]:
-    """(intercept_s, per_token_s, samples) per depth: the fitted iteration times of the
-    backends at that depth, weighted by their samples (a prior counts as one)."""
+class DepthFit(NamedTuple):
+    """The fitted iteration time of a depth's backends, weighted by their samples."""
+
+    intercept_s: float
+    per_token_s: float
+    samples: int
+    tokens: float | None
+    """Where their observations lie (mean tokens per iteration; None before any)."""
+
+
+def fits_by_depth(backends: Sequence[BackendSnapshot]) -> dict[int, DepthFit]:
+    """Per depth, the fitted iteration times of the backends at that depth, weighted by their
+    samples (a prior counts as one)."""
     sums: dict[int, list[float]] = {}
     for b in backends:
         steps, a, s = b.steps, b.iteration_intercept_s, b.iteration_per_token_s
         if steps is None or a is None or s is None or b.adaptive:
             continue
         n = max(1, b.iteration_samples)
-        acc = sums.setdefault(steps, [0.0, 0.0, 0.0])
+        acc = sums.setdefault(steps, [0.0, 0.0, 0.0, 0.0, 0.0])
         acc[0] += a * n
         acc[1] += s * n
         acc[2] += n
-    return {k: (a / n, s / n, int(n)) for k, (a, s, n) in sums.items()}
+        if b.iteration_tokens is not None and b.iteration_samples > 0:
+            acc[3] += b.iteration_tokens * b.iteration_samples
+            acc[4] += b.iteration_samples
+    return {
+        k: DepthFit(a / n, s / n, int(n), x / w if w > 0 else None)
+        for k, (a, s, n, x, w) in sums.items()
+    }
 
 
 def _capacities(backends: Sequence[BackendSnapshot]) -> dict[int, int]:
@@ -109,12 +127,14 @@ def estimates(
 ) -> Estimates | None:
     """The planner's estimates for every allowed depth, or None before any fit exists.
 
-    A depth no backend runs takes the prior's fit for it (what tune measured at that depth:
-    its drafts' own cost; read between its measured points where it has them), else borrows
-    the nearest fitted depth's T(b) (the model scales with k + 1, not with the drafts); its
-    capacity is its `--max-running-requests` (`limit`), never more than the prior's tune
-    measured at that depth nor than a shallower depth was seen to hold:
-    drafts only take memory away."""
+    A depth a backend runs takes the live fit of its backends, read along tune's points for
+    that depth where the prior has them, scaled through the fit where it was observed
+    (`_through`). A depth no backend runs takes the prior's fit for it (what tune measured at
+    that depth: its drafts' own cost; read between its measured points where it has them),
+    else borrows the nearest fitted depth's T(b) (the model scales with k + 1, not with the
+    drafts); its capacity is its `--max-running-requests` (`limit`), never more than the
+    prior's tune measured at that depth nor than a shallower depth was seen to hold: drafts
+    only take memory away."""
     backends = pool.backends
     fits = fits_by_depth(backends)
     if not fits:
@@ -125,11 +145,15 @@ def estimates(
     depths = {}
     for k in allowed:
         measured: tuple[tuple[float, float], ...] = ()
+        points = tuple(sorted(priors[k].measured)) if k in priors else ()
         if k not in fits and k in priors:
             a, s = priors[k].intercept_s, priors[k].per_token_s
-            measured = tuple(sorted(priors[k].measured))
+            measured = points
         else:
-            a, s, _ = fits[min(fits, key=lambda d: (abs(d - k), -d))]
+            fit = fits[min(fits, key=lambda d: (abs(d - k), -d))]
+            a, s = fit.intercept_s, fit.per_token_s
+            if k in fits and points:
+                measured = _through(points, fit)
         limits = [tuned[k]] if k in tuned else []
         capacity = min([limit(k), *limits, *(c for d, c in seen.items() if d <= k)])
         if k in seen:
@@ -139,6 +163,19 @@ def estimates(
         )
     classes = {name: _class(c) for name, c in pool.estimates.classes.items()}
     return Estimates(depths=depths, classes=classes, prior_alpha=pool.estimates.prior_alpha)
+
+
+def _through(
+    points: tuple[tuple[float, float], ...], fit: DepthFit
+) -> tuple[tuple[float, float], ...]:
+    """Tune's measured points for a depth the pool runs, scaled to pass through its live fit
+    where the fit's observations lie: the live line is right there and the points keep the
+    bend a line misses elsewhere (a quiet pool's fit valued at the busy hour)."""
+    if fit.tokens is None:
+        return points
+    at = measured_time(points, fit.tokens, fit.per_token_s)
+    scale = (fit.intercept_s + fit.per_token_s * fit.tokens) / at
+    return tuple((t, y * scale) for t, y in points)
 
 
 def _class(c: ClassSnapshot) -> ClassEstimate:

@@ -73,6 +73,8 @@ class BackendSnapshot(msgspec.Struct, kw_only=True):
     """Fitted iteration time at an empty batch (None: nothing learned and no prior)."""
     iteration_per_token_s: float | None
     iteration_samples: int
+    iteration_tokens: float | None = None
+    """Where the fit's observations lie (their mean tokens per iteration; None before any)."""
     combined: int | None = None
     """Every replica's requests on it: its last scrape plus this replica's changes since."""
     headroom: int | None = None
