@@ -8,14 +8,15 @@ import asyncio
 
 from structlog.testing import capture_logs
 from test_actuator import pool_answer
+from test_restart_times import IdleProxy
 
 from specroute.planner import Setting
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ReconfigureOptions, Reconfigurer
-from specroute.wire import HoldAnswer, HoldState, PlanDocument, PoolSnapshot
+from specroute.wire import PlanDocument, PoolSnapshot
 
 
-class FlakyProxy:
+class FlakyProxy(IdleProxy):
     """Answers /pool with a snapshot the planner cannot read for `broken` calls, then well;
     stops the loop after `calls` answers."""
 
@@ -34,16 +35,6 @@ class FlakyProxy:
 
     async def publish(self, document: PlanDocument) -> None:
         self.published.append(document)
-
-    async def hold(
-        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
-    ) -> HoldAnswer:
-        return HoldAnswer(
-            backend=name, state=state, in_flight=0, reachable=True, steps=None, capacity=None
-        )
-
-    async def aclose(self) -> None:
-        return None
 
 
 def _run(broken: int, calls: int) -> tuple[Reconfigurer, FlakyProxy, list[dict[str, object]]]:
