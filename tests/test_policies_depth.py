@@ -111,6 +111,28 @@ def test_throughput_sends_everything_deep_on_an_idle_pool() -> None:
         assert policy.choose(SAMPLED, _view(_backend("k1", 1), _backend("k3", 3))).backend == "k3"
 
 
+def test_a_server_that_did_not_say_its_limit_is_full_while_its_engine_queues() -> None:
+    # Two vLLM servers that have not shown their --max-num-seqs yet. The deep one would win an
+    # idle pool's request, but its gauges say 8 running and 3 waiting: it is full, and the
+    # request goes where it runs at once. Once its queue is gone it has room again.
+    def vllm(name: str, steps: int, running: int, queued: int) -> BackendView:
+        return msgspec.structs.replace(
+            _backend(name, steps), capacity=None, limit=None, running=running, queued=queued
+        )
+
+    queuing = vllm("k3", 3, running=8, queued=3)
+    view = _view(vllm("k1", 1, running=2, queued=0), queuing)
+    for objective in ("latency", "throughput", "goodput"):
+        policy = Throughput(ThroughputOptions(objective=objective))  # type: ignore[arg-type]
+        assert policy.choose(GREEDY, view).backend == "k1"
+    prediction = predict("m:greedy", queuing, view)
+    assert prediction.full
+    assert prediction.wait_s > 0
+    drained = _view(vllm("k1", 1, running=2, queued=0), vllm("k3", 3, running=8, queued=0))
+    assert Throughput().choose(GREEDY, drained).backend == "k3"
+    assert not predict("m:greedy", vllm("k3", 3, running=8, queued=0), drained).full
+
+
 def test_throughput_splits_classes_by_depth_under_load() -> None:
     view = _view(_backend("k1", 1, 15), _backend("k3", 3, 15))
     assert Throughput().choose(GREEDY, view).backend == "k3"

@@ -55,11 +55,28 @@ def loads(backends: Sequence[BackendView]) -> list[float]:
 
 
 def has_room(backend: BackendView) -> bool:
-    """Below its capacity, counting the other replicas' share of its room where the pool says
-    (a backend that did not say has room)."""
+    """Below its capacity, counting the other replicas' share of its room where the pool says.
+    A backend that did not say its capacity has room unless its engine queues requests
+    (`_occupancy`)."""
     if backend.headroom is not None:
         return backend.headroom > 0
-    return backend.capacity is None or batch(backend) < backend.capacity
+    requests, capacity = _occupancy(backend)
+    return requests < capacity
+
+
+def _occupancy(backend: BackendView) -> tuple[int, int]:
+    """(requests on it, the requests it runs at once). A backend that did not say its capacity
+    (a vLLM server: `--max-num-seqs` is not reported, and the pool learns it only once seen
+    full in two scrapes) is full while its own gauges show requests waiting: its capacity is
+    then what it runs, and the requests on it what it runs and queues. Taken as never full, it
+    took every request its speed won while its queue grew."""
+    n = batch(backend)
+    if backend.capacity is not None:
+        return n, backend.capacity
+    running, queued = backend.running or 0, backend.queued or 0
+    if queued > 0 and running > 0:
+        return max(n, running + queued), running
+    return n, _UNBOUNDED
 
 
 def with_room(backends: Sequence[BackendView]) -> Sequence[BackendView]:
@@ -135,8 +152,7 @@ def predict(
     """Prospects of a `request_class` request on `backend`; `mix` counts the classes in
     flight there (as the policy routed them), else they are taken to be like this one."""
     steps = backend.steps or 0
-    capacity = backend.capacity or _UNBOUNDED
-    n = batch(backend)
+    n, capacity = _occupancy(backend)
     e_new = accept_length(view, request_class, steps)
     e_run, e_low = _running_accept(view, steps, mix or {}, request_class, e_new)
     before = min(n, capacity)
