@@ -543,6 +543,43 @@ def test_a_first_quiet_spell_is_not_taken_for_all_the_load_to_come() -> None:
     assert lasted.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
 
 
+def test_a_change_that_loses_now_waits_until_a_regime_like_this_one_has_ended() -> None:
+    # Twelve greedy users for ten minutes, then twelve sampled ones for five. Deep drafts win
+    # the greedy load and lose this one: three k7 servers yield 460 tok/s here against 656
+    # for the k2 pool. Valued over the horizon, with this regime guessed to last about as
+    # long again, the move pays on the greedy load expected after it; but no sampled regime
+    # has ended, and how long this one lasts is a guess. The change waits.
+    est = estimates(per_token_s=0.001)
+    servers = [ServerState(name=f"b{i}", setting=Setting(steps=2), startup_s=60.0,
+                           limit=2 * est.depths[2].capacity) for i in range(3)]  # fmt: skip
+    greedy, sampled = {GREEDY: 12.0}, {SAMPLED: 12.0}
+    first, now = planner_after([(600.0, greedy), (300.0, sampled)], peak_concurrency=24.0)
+    plan = first.plan(now, servers, est)
+    assert plan.regime.alike_seen == 0
+    assert plan.verdict == "hold: loses under the load now, and no regime like it has ended"
+    assert plan.start == ()
+    assert plan.proposed is not None
+    assert plan.proposed.value < plan.current.value
+    assert plan.gain_tokens > first.options.margin * plan.restart_cost_tokens  # it would pay
+    # Sampled regimes seen to end within minutes: the greedy load is back soon, and the
+    # change goes ahead in this one, the best single pool across the two.
+    short, now = planner_after(
+        [(600.0, greedy), (200.0, sampled), (600.0, greedy), (150.0, sampled)],
+        peak_concurrency=24.0,
+    )
+    plan = short.plan(now, servers, est)
+    assert plan.regime.alike_seen == 1
+    assert plan.verdict == "reconfigure", plan.reason
+    assert plan.start
+    assert all(c.after.steps > 2 for c in plan.start)
+    # Sampled regimes seen to last twenty minutes: nothing gains enough, for a reason told.
+    long, now = planner_after(
+        [(600.0, greedy), (1200.0, sampled), (600.0, greedy), (300.0, sampled)],
+        peak_concurrency=24.0,
+    )
+    assert long.plan(now, servers, est).verdict == "hold: nothing gains enough"
+
+
 def test_a_depth_no_server_runs_is_valued_at_what_tune_measured_not_at_its_line() -> None:
     # The h200 shape's iteration time bends as its expert reads saturate. Three k2 servers at
     # 16 busy sampled users each, k2's live fit taken near 16 users: k1's line from tune (63.5

@@ -109,7 +109,10 @@ class Planner:
             (shown.settings, shown.forecast),
         )  # fmt: skip
         start: tuple[Change, ...] = ()
-        if best is None:
+        pays = shown.gain_tokens > o.margin * shown.cost
+        if best is None and pays and _bets(regime, shown.forecast, now_fc):
+            verdict = "hold: loses under the load now, and no regime like it has ended"
+        elif best is None:
             verdict = "hold: does not pay"
         elif standing < o.confirm_s:
             verdict = f"hold: proposed {standing:.0f}s ago, confirming for {o.confirm_s:.0f}s"
@@ -256,7 +259,11 @@ class Planner:
             if gaining is None or cand.rank() > gaining.rank():
                 gaining = cand
             pays = cand.gain_tokens > o.margin * cand.cost
-            if pays and (best is None or cand.rank() > best.rank()):
+            if (
+                pays
+                and not _bets(regime, fc, now_fc)
+                and (best is None or cand.rank() > best.rank())
+            ):
                 best = cand
         return best, gaining
 
@@ -502,6 +509,17 @@ def _undoes(servers: Sequence[ServerState], settings: Sequence[Setting], regime:
         s.previous == after and s.changed_at is not None and s.changed_at >= regime.started_at
         for s, after in zip(servers, settings, strict=True)
     )
+
+
+def _bets(regime: Regime, target: Forecast, now_fc: Forecast) -> bool:
+    """Would `target`, which yields less than the pool under the load now, bet on how long a
+    regime lasts that no regime alike has shown? Its gain is in the loads that follow, and the
+    current one's length is a guess (`RegimeTracker.expected_remaining`): a sampled hour taken
+    to last as long as the greedy spell before it sends servers deep for the greedy regime to
+    come, and the hour runs on them. Once a regime alike has ended, its length is learned and
+    such a change may go ahead (the best single pool across regimes that flip fast); until
+    then the change waits for the load it is made for, and is planned there."""
+    return target.value < now_fc.value and regime.alike_seen == 0
 
 
 def _unsettled(regime: Regime, settle_s: float, users: Mapping[str, int]) -> str:

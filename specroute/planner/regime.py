@@ -25,6 +25,9 @@ class Regime(msgspec.Struct, frozen=True, kw_only=True):
     expected_remaining_s: float
     regimes_seen: int
     """Regimes that ended, whose lengths teach `expected_remaining_s`."""
+    alike_seen: int = 0
+    """Of those, the regimes of the current one's load and mix. Until one has ended, how long
+    this one lasts is a guess (the prior, or the lengths of other loads)."""
     peak_concurrency: float
     steady: bool
     """Load is not moving: the band has not moved for a window and the latest sample lies in it."""
@@ -218,6 +221,7 @@ class RegimeTracker:
             elapsed_s=0.0 if self._start is None else now - self._start,
             expected_remaining_s=self.expected_remaining(now),
             regimes_seen=len(self.past),
+            alike_seen=sum(1 for p in self.past if self.alike(p)),
             peak_concurrency=self.peak,
             steady=now - self._moved >= self.window_s
             and not self._outside(self.latest, self.level),

@@ -217,6 +217,7 @@ class RegimeSummary(_Wire):
     elapsed_s: float
     expected_remaining_s: float
     regimes_seen: int = 0
+    alike_seen: int = 0
 
 
 class ChangeSummary(_Wire):
