@@ -459,6 +459,23 @@ def test_a_regime_of_a_load_not_seen_before_is_expected_to_last_at_least_as_long
     assert planner.regimes.view(now).expected_remaining_s > 400.0
 
 
+def test_a_regime_older_than_every_one_like_it_is_not_expected_to_last_as_long_again() -> None:
+    # One quiet spell of 900 s, a busy half hour, and a quiet spell now 1048 s old: it has
+    # outlived the one like it. Expected to last as long again (1048 s), it drew a move to
+    # deep drafts 152 s before it ended (costly-drafts' depth-live). The prior weighs half
+    # against the spell that ended younger: a third as long again. And the estimate does not
+    # jump where the regime passes the longest like it: just before, what that one had left.
+    quiet, busy = {GREEDY: 2.0}, {SAMPLED: 48.0}
+    older, now = planner_after([(900.0, quiet), (1800.0, busy), (1048.0, quiet)])
+    assert older.regimes.view(now).alike_seen == 1
+    assert older.regimes.view(now).expected_remaining_s == pytest.approx(1048.0 / 3, rel=0.05)
+    before, at = planner_after([(900.0, quiet), (1800.0, busy), (880.0, quiet)])
+    after, later = planner_after([(900.0, quiet), (1800.0, busy), (920.0, quiet)])
+    near = before.regimes.view(at).expected_remaining_s
+    past = after.regimes.view(later).expected_remaining_s
+    assert past == pytest.approx(near, rel=0.15)
+
+
 def test_a_few_users_drawing_another_class_for_a_while_are_no_new_regime() -> None:
     # Two greedy users for twenty minutes, then for a minute and a half one of them runs a
     # sampled request: the window's mix is half sampled, which among two users is chance, not
@@ -474,7 +491,8 @@ def test_a_few_users_drawing_another_class_for_a_while_are_no_new_regime() -> No
 
 def test_a_regime_as_old_as_the_commit_may_end_within_it_and_the_next_load_weighs() -> None:
     # A quiet spell has outlasted the one quiet spell seen (600 s), after a busy half hour: it
-    # is expected to last about as long again (1300 s), about the commit (restart and dwell,
+    # is expected to last a third as long again (433 s: the prior, as long again, weighs half
+    # against the spell seen, which ended younger), under the commit (restart and dwell,
     # 990 s). It ends within the commit more often than not, and a change made for it is held
     # under the busy load that follows: that load weighs on the change. Read as filling the
     # whole commit, it weighed nothing.
@@ -485,7 +503,7 @@ def test_a_regime_as_old_as_the_commit_may_end_within_it_and_the_next_load_weigh
     plan = planner.plan(now, servers, estimates())
     commit = servers[0].startup_s + planner.options.drain_s + planner.options.min_dwell_s
     rest = plan.regime.expected_remaining_s
-    assert rest == pytest.approx(1300.0, rel=0.05)
+    assert rest == pytest.approx(1300.0 / 3, rel=0.05)
     # Held for the commit, then on while the regime lasts: longer than either.
     assert plan.horizon_s > max(commit, rest)
     (stay, _), *after = planner.regimes.mixture(now, plan.horizon_s)

@@ -158,7 +158,8 @@ class RegimeTracker:
         again as it has lasted (at least a window, at most `prior_s`), the guess when nothing
         says how long regimes last. The prior counts for less as regimes are seen
         (`prior_weight / (1 + seen)`): a few short regimes outweigh it, and a regime older than
-        every one seen is expected to last as long again, not `prior_s` at once.
+        every one like it is expected to last a share of as long again (`_residual`), not
+        `prior_s` at once.
 
         The regimes of its load and mix teach it when any has ended. Until then the regimes of
         other loads give an estimate it never falls under the prior's: how long a quiet spell
@@ -180,10 +181,14 @@ class RegimeTracker:
         return max(prior, self._residual(self.durations, age, prior, within_s))
 
     def _residual(self, durations: list[float], age: float, prior: float, cut: float) -> float:
-        """The mean residual at `age` of `durations`, each cut at `cut`, with `prior`."""
+        """The mean residual at `age` of `durations`, each cut at `cut`, with `prior`. Past the
+        longest of them, the prior weighs against that one as if it ended now: a regime that
+        has outlived every one like it is expected to last `weight / (weight + 1)` as long again
+        as it has, not as long again (a jump there from what the longest had left drew moves in
+        a regime's last minutes)."""
         residuals = [min(d - age, cut) for d in durations if d > age]
         weight = self.prior_weight / (1 + len(durations))
-        return (weight * prior + sum(residuals)) / (weight + len(residuals))
+        return (weight * prior + sum(residuals)) / (weight + max(1, len(residuals)))
 
     @property
     def load(self) -> Past:
