@@ -34,6 +34,10 @@ class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
     gain_tokens: float
     cost: float
 
+    def pays(self, margin: float) -> bool:
+        """Its gain over the horizon is more than `margin` times its restart cost."""
+        return self.gain_tokens > margin * self.cost
+
     def rank(self) -> tuple[float, int]:
         """Net tokens first; between equals, fewer restarts."""
         return (self.gain_tokens - self.cost, -len(self.changes))
@@ -109,8 +113,7 @@ class Planner:
             (shown.settings, shown.forecast),
         )  # fmt: skip
         start: tuple[Change, ...] = ()
-        pays = shown.gain_tokens > o.margin * shown.cost
-        if best is None and pays and _bets(regime, shown.forecast, now_fc):
+        if best is None and shown.pays(o.margin) and _bets(regime, shown.forecast, now_fc):
             verdict = "hold: loses under the load now, and no regime like it has ended"
         elif best is None:
             verdict = "hold: does not pay"
@@ -258,9 +261,8 @@ class Planner:
             cand = self._candidate(servers, settings, fc, lost, value - now_value, horizon_s)
             if gaining is None or cand.rank() > gaining.rank():
                 gaining = cand
-            pays = cand.gain_tokens > o.margin * cand.cost
             if (
-                pays
+                cand.pays(o.margin)
                 and not _bets(regime, fc, now_fc)
                 and (best is None or cand.rank() > best.rank())
             ):

@@ -87,7 +87,6 @@ class DepthFit(NamedTuple):
 
     intercept_s: float
     per_token_s: float
-    samples: int
     tokens: float | None
     """Where their observations lie (mean tokens per iteration; None before any)."""
 
@@ -109,8 +108,7 @@ def fits_by_depth(backends: Sequence[BackendSnapshot]) -> dict[int, DepthFit]:
             acc[3] += b.iteration_tokens * b.iteration_samples
             acc[4] += b.iteration_samples
     return {
-        k: DepthFit(a / n, s / n, int(n), x / w if w > 0 else None)
-        for k, (a, s, n, x, w) in sums.items()
+        k: DepthFit(a / n, s / n, x / w if w > 0 else None) for k, (a, s, n, x, w) in sums.items()
     }
 
 
