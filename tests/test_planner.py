@@ -275,6 +275,28 @@ def test_by_default_the_pool_stays_reconfigurable_at_the_load_it_was_launched_fo
     assert 75 <= sum(limits) - limits[0] < 100
 
 
+def test_a_plan_says_what_the_peak_rule_holds_back_and_how_to_lift_it() -> None:
+    # The quiet night above: a deeper pool would run it faster, but could not restart a server
+    # under the 100 users the launched pool could. The plan says so, and names the option
+    # that lifts it; told the peak is 3, the planner goes there and the note is gone.
+    planner, now = planner_after([(1800.0, {GREEDY: 3.0})])
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert "the peak rule holds back k" in plan.reason
+    assert "must stay able to under 100 (as the launched pool could; `peak_concurrency`" in (
+        plan.reason
+    )
+    held = plan.reason.split("holds back ")[1].split(" ")[0].split("/")
+    limits = sorted(2 * estimates().depths[int(s[1:])].capacity for s in held)
+    assert sum(limits) - limits[0] < 100
+    assert plan.proposed is not None
+    assert plan.proposed.settings != tuple(held)
+    told, now = planner_after([(1800.0, {GREEDY: 3.0})], peak_concurrency=3.0)
+    lifted = told.plan(now, pool(1, 1, 1), estimates())
+    assert "peak rule" not in lifted.reason
+    assert lifted.proposed is not None
+    assert lifted.proposed.value > plan.proposed.value
+
+
 def test_a_pool_on_its_way_to_its_target_is_never_stuck_half_way() -> None:
     # Launched k3/k3/k3 (32 admitted each: a server can restart under 64 users) and already
     # k3/k3/k7, a quiet hour's target is a shallow server and two k7. Moving b1 to k7 first

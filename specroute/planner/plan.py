@@ -43,6 +43,17 @@ class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
         return (self.gain_tokens - self.cost, -len(self.changes))
 
 
+class _Held(msgspec.Struct, frozen=True, kw_only=True):
+    """The best pool the peak rule excludes (`_escape_load` under the floor), for the reason."""
+
+    settings: tuple[Setting, ...]
+    gain: float
+    """Over the horizon's loads, per second, as `_Candidate.gain`."""
+    share: float
+    """That gain over what the current pool yields there."""
+    escape: float
+
+
 class Planner:
     """Learns the load's regimes from `observe` and proposes depth changes from `plan`."""
 
@@ -97,13 +108,14 @@ class Planner:
         horizon = self.horizon(servers, regime)
         loads = self._loads(now, horizon, users)
         escape = self._escape_floor(regime)
-        best, gaining = self._search(servers, users, phys, now_fc, regime, (horizon, loads), escape)
+        found = self._search(servers, users, phys, now_fc, regime, (horizon, loads), escape)
+        best, gaining, held = found
         standing = self._confirm(now, best)
         if best is not None:
             best = self._gainful_first(servers, best, loads, phys, escape)
         shown = best or gaining
         bar = self.bar
-        untold = self._untold_note(loads, regime)
+        untold = self._untold_note(loads, regime) + self._held_note(held, shown, regime)
         if shown is None:
             why = f"no assignment gains {bar:.0%} over {horizon:.0f}s{untold}"
             return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
@@ -223,9 +235,10 @@ class Planner:
         regime: Regime,
         horizon: tuple[float, Sequence[tuple[float, Mapping[str, int]]]],
         escape: float,
-    ) -> tuple[_Candidate | None, _Candidate | None]:
-        """(best paying candidate, best one that gains at all) over every multiset of settings,
-        each valued over the horizon (its length, and the loads it is expected to hold)."""
+    ) -> tuple[_Candidate | None, _Candidate | None, _Held | None]:
+        """(best paying candidate, best one that gains at all, best one the peak rule excludes
+        that would gain) over every multiset of settings, each valued over the horizon (its
+        length, and the loads it is expected to hold)."""
         o = self.options
         horizon_s, loads = horizon
         current = tuple(s.setting for s in servers)
@@ -248,14 +261,19 @@ class Planner:
         risks = self._risks(current, peak, regime, phys) if unseen > 0 else []
         best: _Candidate | None = None
         gaining: _Candidate | None = None
+        held: _Held | None = None
         for combo in itertools.combinations_with_replacement(choices, len(servers)):
             settings = _assign(current, combo)
             if settings == current or _undoes(servers, settings, regime):
                 continue
-            if self._escape_load(settings, phys) < escape:
-                continue
             value = self._value(settings, loads, phys) - unseen * self._risk(settings, risks, phys)
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
+                continue
+            reach = self._escape_load(settings, phys)
+            if reach < escape:
+                if held is None or value - now_value > held.gain:
+                    held = _Held(settings=settings, gain=value - now_value, escape=reach,
+                                 share=(value - now_value) / max(now_value, 1e-9))  # fmt: skip
                 continue
             fc = self._forecast(settings, users, phys)
             cand = self._candidate(servers, settings, fc, lost, value - now_value, horizon_s)
@@ -267,7 +285,7 @@ class Planner:
                 and (best is None or cand.rank() > best.rank())
             ):
                 best = cand
-        return best, gaining
+        return best, gaining, held
 
     def _stranded(
         self,
@@ -296,7 +314,7 @@ class Planner:
             return False  # it pays on its own
         horizon = self.horizon(after, regime)
         loads = self._loads(now, horizon, users)
-        onward, _ = self._search(after, users, phys, after_fc, regime, (horizon, loads), escape)
+        onward, _, _ = self._search(after, users, phys, after_fc, regime, (horizon, loads), escape)
         return onward is None
 
     def _peak(self, regime: Regime) -> float:
@@ -338,6 +356,27 @@ class Planner:
         if untold <= 0 or peak <= regime.concurrency:
             return ""
         return f"; {untold:.0%} of it at loads not seen yet, charged the worst at {peak:.0f} users"
+
+    def _held_note(self, held: _Held | None, shown: _Candidate | None, regime: Regime) -> str:
+        """What the peak rule holds back, when it would gain more than what the plan shows:
+        the rule is the operator's to lift, and a plan that says nothing of it looks stuck."""
+        if held is None or (shown is not None and shown.gain >= held.gain):
+            return ""
+        o = self.options
+        named = o.peak_concurrency is not None
+        sized = o.peak_concurrency if named else self._launched_escape
+        if regime.peak_concurrency >= (sized or 0.0):
+            why = "the highest load seen"
+        elif named:
+            why = "`peak_concurrency`"
+        else:
+            why = "as the launched pool could; `peak_concurrency` names a lower peak"
+        return (
+            f"; the peak rule holds back {'/'.join(s.label for s in held.settings)} "
+            f"({held.share:+.1%} over the horizon): it could restart a server only under "
+            f"{held.escape:.0f} users, and the pool must stay able to under "
+            f"{self._escape_floor(regime):.0f} ({why})"
+        )
 
     def _gainful_first(
         self,
