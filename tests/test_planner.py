@@ -484,13 +484,22 @@ def test_a_regime_of_a_load_not_seen_before_is_expected_to_last_at_least_as_long
 def test_a_regime_older_than_every_one_like_it_is_not_expected_to_last_as_long_again() -> None:
     # One quiet spell of 900 s, a busy half hour, and a quiet spell now 1048 s old: it has
     # outlived the one like it. Expected to last as long again (1048 s), it drew a move to
-    # deep drafts 152 s before it ended (costly-drafts' depth-live). The prior weighs half
-    # against the spell that ended younger: a third as long again. And the estimate does not
-    # jump where the regime passes the longest like it: just before, what that one had left.
+    # deep drafts 152 s before it ended (costly-drafts' depth-live). The prior (weight 1/2)
+    # weighs against the spell that ended younger, counted 900/1048: about a third as long
+    # again. And the estimate does not jump where the regime passes the longest like it: just
+    # before, what that one had left.
     quiet, busy = {GREEDY: 2.0}, {SAMPLED: 48.0}
     older, now = planner_after([(900.0, quiet), (1800.0, busy), (1048.0, quiet)])
     assert older.regimes.view(now).alike_seen == 1
-    assert older.regimes.view(now).expected_remaining_s == pytest.approx(1048.0 / 3, rel=0.05)
+    third = 0.5 * 1048.0 / (0.5 + 900.0 / 1048.0)
+    assert older.regimes.view(now).expected_remaining_s == pytest.approx(third, rel=0.05)
+    assert older.regimes.view(now).expected_remaining_s < 0.4 * 1048.0
+    # A quiet regime that has outlived a short one like it many times over (a spell at
+    # start-up, then an hour) is expected to last nearly as long again as it has (at most
+    # the prior's 30 minutes), not to end within minutes.
+    long, now = planner_after([(200.0, quiet), (600.0, busy), (3600.0, quiet)])
+    assert long.regimes.view(now).alike_seen == 1
+    assert long.regimes.view(now).expected_remaining_s > 0.8 * 1800.0
     before, at = planner_after([(900.0, quiet), (1800.0, busy), (880.0, quiet)])
     after, later = planner_after([(900.0, quiet), (1800.0, busy), (920.0, quiet)])
     near = before.regimes.view(at).expected_remaining_s
@@ -513,9 +522,9 @@ def test_a_few_users_drawing_another_class_for_a_while_are_no_new_regime() -> No
 
 def test_a_regime_as_old_as_the_commit_may_end_within_it_and_the_next_load_weighs() -> None:
     # A quiet spell has outlasted the one quiet spell seen (600 s), after a busy half hour: it
-    # is expected to last a third as long again (433 s: the prior, as long again, weighs half
-    # against the spell seen, which ended younger), under the commit (restart and dwell,
-    # 990 s). It ends within the commit more often than not, and a change made for it is held
+    # is expected to last about half as long again (the prior, as long again, weighs half
+    # against the spell seen, which ended younger, counted 600/1300), under the commit
+    # (restart and dwell, 990 s). It ends within the commit more often than not, and a change made for it is held
     # under the busy load that follows: that load weighs on the change. Read as filling the
     # whole commit, it weighed nothing.
     planner, now = planner_after(
@@ -525,7 +534,8 @@ def test_a_regime_as_old_as_the_commit_may_end_within_it_and_the_next_load_weigh
     plan = planner.plan(now, servers, estimates())
     commit = servers[0].startup_s + planner.options.drain_s + planner.options.min_dwell_s
     rest = plan.regime.expected_remaining_s
-    assert rest == pytest.approx(1300.0 / 3, rel=0.05)
+    assert rest == pytest.approx(0.5 * 1300.0 / (0.5 + 600.0 / 1300.0), rel=0.05)
+    assert rest < commit
     # Held for the commit, then on while the regime lasts: longer than either.
     assert plan.horizon_s > max(commit, rest)
     (stay, _), *after = planner.regimes.mixture(now, plan.horizon_s)

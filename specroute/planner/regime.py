@@ -182,13 +182,17 @@ class RegimeTracker:
 
     def _residual(self, durations: list[float], age: float, prior: float, cut: float) -> float:
         """The mean residual at `age` of `durations`, each cut at `cut`, with `prior`. Past the
-        longest of them, the prior weighs against that one as if it ended now: a regime that
-        has outlived every one like it is expected to last `weight / (weight + 1)` as long again
-        as it has, not as long again (a jump there from what the longest had left drew moves in
-        a regime's last minutes)."""
+        longest of them, the prior weighs against that one as if it ended now, counted by the
+        chance a regime like it lives to this age when lengths have a Lindy tail
+        (`longest / age`): a regime that has just outlived every one like it is expected to
+        last about `weight / (weight + 1)` as long again as it has, not as long again (a jump
+        there from what the longest had left drew moves in a regime's last minutes), and one
+        that has outlived them many times over nearly as long again (a spell of 130 s at
+        start-up does not make an hour-long quiet regime expected to end within minutes)."""
         residuals = [min(d - age, cut) for d in durations if d > age]
         weight = self.prior_weight / (1 + len(durations))
-        return (weight * prior + sum(residuals)) / (weight + max(1, len(residuals)))
+        count = len(residuals) if residuals else min(1.0, max(durations) / max(age, 1e-9))
+        return (weight * prior + sum(residuals)) / (weight + count)
 
     @property
     def load(self) -> Past:
