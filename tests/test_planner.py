@@ -524,9 +524,9 @@ def test_a_regime_as_old_as_the_commit_may_end_within_it_and_the_next_load_weigh
     # A quiet spell has outlasted the one quiet spell seen (600 s), after a busy half hour: it
     # is expected to last about half as long again (the prior, as long again, weighs half
     # against the spell seen, which ended younger, counted 600/1300), under the commit
-    # (restart and dwell, 990 s). It ends within the commit more often than not, and a change made for it is held
-    # under the busy load that follows: that load weighs on the change. Read as filling the
-    # whole commit, it weighed nothing.
+    # (restart and dwell, 990 s). It ends within the commit more often than not, and a change
+    # made for it is held under the busy load that follows: that load weighs on the change.
+    # Read as filling the whole commit, it weighed nothing.
     planner, now = planner_after(
         [(600.0, {GREEDY: 2.0}), (1800.0, {SAMPLED: 48.0}), (1300.0, {GREEDY: 2.0})]
     )
