@@ -362,20 +362,17 @@ class Planner:
         the rule is the operator's to lift, and a plan that says nothing of it looks stuck."""
         if held is None or (shown is not None and shown.gain >= held.gain):
             return ""
-        o = self.options
-        named = o.peak_concurrency is not None
-        sized = o.peak_concurrency if named else self._launched_escape
-        if regime.peak_concurrency >= (sized or 0.0):
+        floor = self._escape_floor(regime)
+        if regime.peak_concurrency >= floor:
             why = "the highest load seen"
-        elif named:
+        elif self.options.peak_concurrency is not None:
             why = "`peak_concurrency`"
         else:
             why = "as the launched pool could; `peak_concurrency` names a lower peak"
         return (
             f"; the peak rule holds back {'/'.join(s.label for s in held.settings)} "
             f"({held.share:+.1%} over the horizon): it could restart a server only under "
-            f"{held.escape:.0f} users, and the pool must stay able to under "
-            f"{self._escape_floor(regime):.0f} ({why})"
+            f"{held.escape:.0f} users, and the pool must stay able to under {floor:.0f} ({why})"
         )
 
     def _gainful_first(
