@@ -52,27 +52,31 @@ def prior_path(profile: str) -> Path:
 
 
 def launched(
-    profile: str, path: Path | None = None, users: int | None = None
+    profile: str, path: Path | None = None, users: int | None = None, tables: bool = False
 ) -> LaunchDepths | None:
     """What `specroute launch --prior P.json --servers 3 [--expected-users U]` starts and lets
     the planner use, by launch's own rule (`path`: the prior, by default the profile's SGLang
-    tune); None when no prior was tuned."""
+    tune; `tables`: vLLM's K-per-batch tables, `--allow-adaptive`); None when no prior was
+    tuned."""
     path = path or prior_path(profile)
     if not path.exists():
         return None
     prior = decode_profile(path.read_bytes(), source=path.name)
     return launch_depths(steps=None, allowed=None, prior=prior, prior_name=path.name,
-                         servers=SERVERS, users=users)  # fmt: skip
+                         servers=SERVERS, users=users, tables=tables)  # fmt: skip
 
 
-def tuned(profile: str, path: Path | None = None, users: int | None = None) -> dict[str, PoolSpec]:
+def tuned(
+    profile: str, path: Path | None = None, users: int | None = None, tables: bool = False
+) -> dict[str, PoolSpec]:
     """`auto`, what `specroute launch --prior P.json [--expected-users U] --reconfigure auto`
-    runs (the prior's pool and depths, launch's default policy), and `launched`, the same never
+    runs (the prior's pool and depths, launch's default policy; with `tables`, vLLM's
+    K-per-batch tables as `--allow-adaptive` starts them), and `launched`, the same never
     reconfigured; none without a prior."""
-    depths = launched(profile, path, users)
+    depths = launched(profile, path, users, tables)
     if depths is None:
         return {}
-    chosen = tuple(Setting(steps=k) for k in depths.steps)
+    chosen = tuple(Setting(steps=k, table=depths.tables.get(k, ())) for k in depths.steps)
     prior = path or prior_path(profile)
     return {"auto": PoolSpec(chosen, "throughput", planner=True, allowed=depths.allowed,
                              prior=prior),

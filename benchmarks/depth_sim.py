@@ -68,6 +68,10 @@ class DepthSim(PoolSim):
     """A pool whose servers can be restarted at another depth while the trace runs; with a
     planner, the product's `Reconfigurer` runs beside it on the simulator's clock."""
 
+    tables = False
+    """The engine runs vLLM's K per batch size (`Setting.table`): `--allow-adaptive` offers
+    the planner those rather than SGLang's tiers."""
+
     def __init__(
         self,
         profile: str,
@@ -278,9 +282,11 @@ class DepthSim(PoolSim):
         servers = [(n.name, s.setting, self.startup_s) for n, s in zip(self.nodes, self.slots,
                                                                       strict=True)]  # fmt: skip
         actuator = Actuator(self.options.mode, servers, clock=lambda: self.now)
-        adaptive = tuple(self.configs) if self.options.allow_adaptive else ()
+        # --allow-adaptive: SGLang's tiers, or on vLLM (`tables`) its K per batch size
+        adaptive = tuple(self.configs) if self.options.allow_adaptive and not self.tables else ()
         return Reconfigurer(self.options, self.proxy, actuator, self.restart,
                             limit=lambda k: LAUNCH_LIMIT, adaptive=adaptive,
+                            tables=self.tables and self.options.allow_adaptive,
                             sleep=self.sleep)  # fmt: skip
 
     # -- the trace ------------------------------------------------------------------------------

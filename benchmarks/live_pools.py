@@ -62,6 +62,9 @@ class Pool(msgspec.Struct, frozen=True, kw_only=True):
     table: tuple[tuple[int, int, int], ...] | None = None
     """vLLM's `num_speculative_tokens_per_batch_size` (first batch, last batch, K), with
     `steps` its `num_speculative_tokens`."""
+    allow_adaptive: bool = False
+    """`launch --allow-adaptive`: on vLLM, the prior's pool starts on the prior's K-per-batch
+    tables and the planner may assign its own."""
 
 
 def pools(
@@ -69,12 +72,15 @@ def pools(
     fixed: Sequence[int],
     servers: int,
     dynamic: tuple[int, tuple[tuple[int, int, int], ...]] | None = None,
+    allow_adaptive: bool = False,
 ) -> list[Pool]:
     """auto from the prior's pool; the same pool never reconfigured; `servers` alike at each
     depth of `fixed` (one the launched pool already is runs once, as the launched pool); then
     the engine's own answer: `servers` SGLang-adaptive servers, or on vLLM (`dynamic`: its
-    `num_speculative_tokens` and table) `servers` running that dynamic-K table."""
-    out = [Pool(name="auto", reconfigure="auto"), Pool(name="launched")]
+    `num_speculative_tokens` and table) `servers` running that dynamic-K table.
+    `allow_adaptive`: auto and the launched pool with `launch --allow-adaptive`."""
+    out = [Pool(name="auto", reconfigure="auto", allow_adaptive=allow_adaptive),
+           Pool(name="launched", allow_adaptive=allow_adaptive)]  # fmt: skip
     out += [Pool(name=f"k{k}", steps=(k,) * servers) for k in fixed if launched != (k,) * servers]
     if dynamic is None:
         out.append(Pool(name="adaptive", steps=(3,) * servers, adaptive=True))
@@ -102,6 +108,8 @@ def launch_argv(
     argv += ["--port", str(port), "--base-port", str(base_port), "--log-dir", logs]
     argv += ["--reconfigure", pool.reconfigure, "--admin-key", "live-admin"]
     argv += [*scaling.emulator_args(), *scaling.loop_flags()]
+    if pool.allow_adaptive:
+        argv.append("--allow-adaptive")
     if pool.adaptive:
         argv.append("--emulator-arg=--speculative-adaptive")
     if pool.table is not None:

@@ -38,7 +38,7 @@ from specroute.bench.sweep import SweepResult
 from specroute.bench.trace import load_scenario
 from specroute.children import free_port, spawn, stop, wait_ready_sync
 from specroute.emulator.profiles import get_profile
-from specroute.launch.defaults import launch_depths
+from specroute.launch.defaults import launch_depths, table_text
 from specroute.profile_format import decode_profile
 from specroute.wire import PlanDocument
 
@@ -192,6 +192,12 @@ def _arguments() -> argparse.Namespace:
     add("--fixed", default="2,3,7", help="depths of the three-alike pools")
     add("--servers", type=int, default=3)
     add("--prior", type=Path, default=None, help="a tune prior (default: tune one first)")
+    add(
+        "--allow-adaptive",
+        action="store_true",
+        help="auto and the launched pool with `launch --allow-adaptive` (vLLM: K-per-batch "
+        "tables from the prior at start, and the planner's own)",
+    )
     add("--tune-steps", default="0,1,2,3,4,5,6,7")
     add(
         "--planner-option",
@@ -221,9 +227,13 @@ def main() -> None:
     out: Path = args.out or ROOT / "benchmarks" / "results" / f"live-reconfigure{suffix}"
     out.mkdir(parents=True, exist_ok=True)
     prior = args.prior or _tune(args, out)
-    depths = launch_depths(steps=None, allowed=None, servers=args.servers,
+    tables = args.allow_adaptive and args.engine == "vllm"
+    depths = launch_depths(steps=None, allowed=None, servers=args.servers, tables=tables,
                            prior=decode_profile(prior.read_bytes(), source=str(prior)))  # fmt: skip
     launched = ",".join(map(str, depths.steps))
+    if depths.tables:
+        launched += " (" + "; ".join(f"k{d} on {table_text(t)}" for d, t in depths.tables.items())
+        launched += ")"
     planner = {k: float(v) for k, _, v in (o.partition("=") for o in args.planner_option)}
     scaling = Scaling(profile=args.profile, time_scale=args.time_scale, compress=args.compress,
                       planner=planner)  # fmt: skip
@@ -232,7 +242,7 @@ def main() -> None:
     if args.engine == "vllm":  # the table an operator who knows the trace writes (vllm_table)
         scenario = load_scenario(Path(args.scenario))
         dynamic = operator_table(get_profile(args.profile), scenario, servers=args.servers)
-    chosen = pools(depths.steps, fixed, args.servers, dynamic)
+    chosen = pools(depths.steps, fixed, args.servers, dynamic, args.allow_adaptive)
     runs = [_start(p, scaling, prior, out, args.engine) for p in chosen]
     try:
         for run in runs:
@@ -251,7 +261,8 @@ def main() -> None:
                 f"{args.profile} at time scale "
                 f"{args.time_scale:g}, planner {scaling.planner_options()}; launch's pool "
                 f"{launched} ({depths.steps_from}); allowed "
-                f"{','.join(map(str, depths.allowed))}")  # fmt: skip
+                f"{','.join(map(str, depths.allowed))}"
+                + ("; launch --allow-adaptive" if args.allow_adaptive else ""))  # fmt: skip
     report = _report(results, samples, settings)
     (out / "report.md").write_text(report)
     saved = Saved(settings=settings, results=results, samples=samples)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specroute.planner import Setting
 from specroute.proxy.info import prior_depths
 from specroute.wire import (
     BackendSnapshot,
@@ -44,7 +45,13 @@ class SimProxy:
             seen.append((plan.at, plan.verdict, plan.reason, tuple(c.server for c in plan.start)))
 
     async def hold(
-        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
+        self,
+        name: str,
+        state: HoldState,
+        *,
+        to: str = "",
+        reason: str = "",
+        setting: Setting | None = None,
     ) -> HoldAnswer:
         self.sim.calls += 1
         return self.sim.hold(name, state)
@@ -64,7 +71,8 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
         cap = node.engine.max_running_requests
         backends.append(BackendSnapshot(
             name=node.name, url="sim", model=sim.model, steps=steps, algorithm="EAGLE",
-            adaptive=node.engine.adaptive is not None, capacity=cap if up else None,
+            adaptive=node.engine.adaptive is not None or bool(slot.setting.table),
+            capacity=cap if up else None,
             limit=int(cap * sim.overcommit), healthy=up, in_flight=node.in_flight,
             running=None, queued=None, accept_length=None, gen_throughput=None,
             iteration_intercept_s=None if fit is None else fit.intercept,

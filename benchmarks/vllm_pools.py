@@ -46,6 +46,7 @@ from specroute.emulator.engine import Engine
 from specroute.emulator.options import VLLM_DEFAULT_MAX_NUM_SEQS
 from specroute.emulator.profiles import get_profile
 from specroute.emulator.vllm_schedule import DynamicSchedule
+from specroute.launch.vllm_argv import vllm_ranges
 from specroute.logs import configure_logging
 from specroute.planner import Setting
 from specroute.policies import Outcome, PoolView
@@ -108,6 +109,7 @@ class VllmSim(DepthSim):
     """`DepthSim` whose servers are vLLM servers, as the proxy sees them."""
 
     nodes: list[VllmNode]  # type: ignore[assignment]
+    tables = True
 
     def __init__(
         self, profile: str, spec: PoolSpec, *, table: Table = (), direct: bool = False,
@@ -128,7 +130,9 @@ class VllmSim(DepthSim):
                                    for k in range(MAX_K + 1)}  # fmt: skip
 
     def _engine(self, setting: Setting, salt: int) -> Engine:
-        schedule = DynamicSchedule(self.table, setting.steps) if self.table else None
+        table = vllm_ranges(setting.table, VLLM_DEFAULT_MAX_NUM_SEQS) if setting.table else None
+        table = table or self.table
+        schedule = DynamicSchedule(table, setting.steps) if table else None
         return Engine(self.profile, steps=setting.steps, seed=self.seed * 1000 + salt,
                       max_running_requests=VLLM_DEFAULT_MAX_NUM_SEQS,
                       schedule=schedule)  # fmt: skip
@@ -144,7 +148,7 @@ class VllmSim(DepthSim):
         mean = (node.load_area(self.now) - req.area0) / elapsed if elapsed > 0 else None
         node.add(-1, self.now)
         gaps = tuple(b - a for a, b in zip(req.times, req.times[1:], strict=False))
-        dynamic = bool(self.table)
+        dynamic = bool(self.table or self.slots[req.backend].setting.table)
         outcome = Outcome(
             backend=node.name, steps=node.engine.steps, workload_class=req.klass, status=200,
             stream=True, completion_tokens=generated, chunks=len(req.times) + 1,
@@ -175,7 +179,7 @@ class VllmSim(DepthSim):
             for i, (node, slot) in enumerate(zip(self.nodes, self.slots, strict=True)):
                 if slot.state != "starting":
                     node.scraped = total = node.gauge(self.now)
-                    if not self.table:  # what `Backend.scraped` reads of vLLM's two gauges
+                    if not self.table and not slot.setting.table:  # `Backend.scraped`
                         cap = node.engine.max_running_requests
                         node.limits.read(node.engine.steps, min(total, cap), max(0, total - cap))
                     node.mark.scraped(node.scraped, node.in_flight, self.now, self._lag(i))
@@ -191,13 +195,14 @@ class VllmSim(DepthSim):
     def capacity_of(self, i: int) -> int | None:
         """A vLLM server's batch limit as the proxy knows it (`Backend.capacity`): vLLM reports
         none and `launch` configures none, so the tune's figure at the depth it runs (the
-        prior's), else the one its scrapes showed there; none for a dynamic-K server (no one
-        depth)."""
+        prior's), else the one its scrapes showed there; none for the operator's dynamic-K
+        server (no one depth), the tune's at the most it drafts for one the loop declared."""
         node, slot = self.nodes[i], self.slots[i]
         if self.table or slot.state == "starting":
             return None
-        tuned = self.tuned_capacity.get(node.engine.steps)
-        return tuned if tuned is not None else node.limits.at(node.engine.steps)
+        steps = slot.setting.steps if slot.setting.table else node.engine.steps
+        tuned = self.tuned_capacity.get(steps)
+        return tuned if tuned is not None else node.limits.at(steps)
 
     def in_flight_limit(self, i: int) -> int | None:
         cap = self.capacity_of(i)
@@ -276,6 +281,8 @@ def tuned_pools(profile: str) -> dict[str, PoolSpec]:
     `launched-tuned-uN`); none where no vLLM tune was kept."""
     path = TUNED / f"{profile}.json"
     out = {f"{name}-tuned": spec for name, spec in tuned(profile, path).items()}
+    out.update({f"{name}-dynamic-tuned": spec
+                for name, spec in tuned(profile, path, tables=True).items()})  # fmt: skip
     for users in EXPECTED_USERS:
         specs = tuned(profile, path, users)
         out.update({f"{name}-tuned-u{users}": spec for name, spec in specs.items()})
@@ -289,7 +296,7 @@ def vllm_pools() -> list[str]:
     fixed = (f"k{k}" for k in range(MAX_K + 1))
     expected = (f"{name}-tuned-u{n}" for n in EXPECTED_USERS for name in ("auto", "launched"))
     return [*AUTO, *expected, "mix-1-2-3", "mix-1-2-3-limits", "launched-tuned", *fixed,
-            "dynamic"]  # fmt: skip
+            "dynamic", "auto-dynamic-tuned", "launched-dynamic-tuned"]  # fmt: skip
 
 
 class Run(msgspec.Struct):
@@ -313,6 +320,10 @@ def simulate(
         if pool not in specs:
             raise SystemExit(f"{pool}: no vLLM tune of {profile} in {TUNED}")
         spec = specs[pool]
+        if pool == "auto-dynamic-tuned":  # launch --allow-adaptive: tables from the start
+            kwargs["reconfigure"] = msgspec.structs.replace(
+                kwargs.get("reconfigure") or ReconfigureOptions(mode="auto"),
+                allow_adaptive=True)  # fmt: skip
     elif pool in AUTO:
         spec = pools()["auto"]
         if AUTO[pool]:

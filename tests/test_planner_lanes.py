@@ -127,8 +127,8 @@ class _Proxy:
     async def publish(self, document: PlanDocument) -> None:
         return None
 
-    async def hold(self, name: str, state: HoldState, *, to: str = "",
-                   reason: str = "") -> HoldAnswer:  # fmt: skip
+    async def hold(self, name: str, state: HoldState, *, to: str = "", reason: str = "",
+                   setting: Setting | None = None) -> HoldAnswer:  # fmt: skip
         raise AssertionError("no restart in this test")
 
     async def aclose(self) -> None:

@@ -35,7 +35,13 @@ class IdleProxy:
         self.document = document
 
     async def hold(
-        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
+        self,
+        name: str,
+        state: HoldState,
+        *,
+        to: str = "",
+        reason: str = "",
+        setting: Setting | None = None,
     ) -> HoldAnswer:
         return HoldAnswer(
             backend=name, state=state, in_flight=0, reachable=True, steps=None, capacity=None

@@ -3,6 +3,7 @@ command line, environment, port and GPUs, and the proxy in front. Pure: no proce
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from specroute.launch.vllm_argv import (
     PER_REQUEST_SPEC_METRICS,
     VLLM_READY_PATH,
     VllmServer,
+    vllm_ranges,
     vllm_server_args,
 )
 from specroute.launch.weight_cache import WeightCache, cache_daemon, client_flags, set_name
@@ -88,6 +90,9 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """The servers' engine (`vllm_argv` writes vLLM's lines; emulated, its dialect)."""
     vllm_args: tuple[str, ...] = ()
     vllm_args_by_depth: dict[Depth, tuple[str, ...]] = {}
+    tables: dict[Depth, tuple[tuple[Count, Depth], ...]] = {}
+    """vLLM's K per batch size, as (first batch size, K) ranges, for the servers launched at a
+    depth (their `num_speculative_tokens`); `--allow-adaptive` with a prior writes them."""
     weight_cache: str | None = None
     """`--weight-cache`: the directory of the weight cache daemons' sockets (one per GPU set
     under it); None: no daemon, servers load their weights themselves."""
@@ -104,10 +109,13 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             ("--sglang-arg", self.sglang_args_by_depth),
             ("--emulator-arg", self.emulator_args_by_depth),
             ("--vllm-arg", self.vllm_args_by_depth),
+            ("a K-per-batch table", self.tables),
         ):
             stray = sorted(set(given) - set(self.steps))
             if stray:
                 raise PlanError(f"{flag} names depth {stray[0]}, which --steps does not launch")
+        if self.tables and self.engine != "vllm":
+            raise PlanError("K-per-batch tables are vLLM's; SGLang adapts with its tiers")
         if self.weight_cache is not None and self.engine == "sglang" and any(self.steps):
             raise PlanError(
                 "--weight-cache with SGLang serves depth 0 only: SGLang refuses "
@@ -254,7 +262,7 @@ def _server(options: LaunchOptions, index: int, steps: int, gpus: tuple[int, ...
     port = options.base_port + index
     repeat = options.steps[:index].count(steps)
     name = f"steps{steps}" + (f"-{repeat + 1}" if repeat else "")
-    argv = server_argv(options, steps, port)
+    argv = server_argv(options, steps, port, table=options.tables.get(steps, ()))
     env = {} if options.emulate else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     cache_args: list[str] = []
     if options.weight_cache is not None:
@@ -283,15 +291,22 @@ def _cache_daemon(options: LaunchOptions, server: ProcessPlan, index: int) -> Ca
 
 
 def server_argv(
-    options: LaunchOptions, steps: int, port: int, adaptive: Sequence[str] = ()
+    options: LaunchOptions,
+    steps: int,
+    port: int,
+    adaptive: Sequence[str] = (),
+    table: Sequence[tuple[int, int]] = (),
 ) -> list[str]:
     """One server's command line at `steps` (an emulator's with `--emulate`, else SGLang's or
-    vLLM's), with `adaptive` flags added: the launcher and the reconfiguration both build it
-    here (vLLM has no adaptive flags: `adaptive` must be empty for it)."""
+    vLLM's), with SGLang's `adaptive` flags added or vLLM's K per batch size from `table`: the
+    launcher and the reconfiguration both build it here (PlanError for the other engine's)."""
+    if options.engine == "vllm" and adaptive:
+        raise PlanError("vLLM has no adaptive tiers; its K per batch size is a table")
+    if options.engine == "sglang" and table:
+        raise PlanError("SGLang has no K-per-batch table; it adapts with its tiers")
     if not options.emulate and options.engine == "vllm":
-        if adaptive:
-            raise PlanError("vLLM has no adaptive depth flags; use fixed depths")
-        return [sys.executable, "-m", "vllm.entrypoints.cli.main", *vllm_args(options, steps, port)]
+        args = vllm_args(options, steps, port, table)
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main", *args]
     if not options.emulate:
         argv = [sys.executable, "-m", "sglang.launch_server"]
         return [*argv, *sglang_server_args(options, steps, port), *adaptive]
@@ -302,6 +317,9 @@ def server_argv(
         argv += ["--engine", "vllm"]
         if steps > 0:
             argv += ["--per-request-spec-decode-metrics", PER_REQUEST_SPEC_METRICS]
+        if table:
+            ranges = vllm_ranges(table, options.running_limit(steps))
+            argv += ["--num-speculative-tokens-per-batch-size", json.dumps(ranges)]
     elif steps > 0:
         argv += ["--speculative-algorithm", options.algorithm]
     if options.model != EMULATED_MODEL:
@@ -309,12 +327,15 @@ def server_argv(
     return [*argv, *adaptive, *options.extra_args(steps)]
 
 
-def vllm_args(options: LaunchOptions, steps: int, port: int) -> list[str]:
-    """vLLM's `serve` arguments for the server at depth `steps` (`vllm_argv`)."""
+def vllm_args(
+    options: LaunchOptions, steps: int, port: int, table: Sequence[tuple[int, int]] = ()
+) -> list[str]:
+    """vLLM's `serve` arguments for the server at depth `steps`, K per batch size from `table`
+    if given (`vllm_argv`)."""
     server = VllmServer(
         model=options.model, host=options.host, port=port, tp=options.tp, steps=steps,
         algorithm=options.algorithm, draft_model=options.draft_model,
-        max_num_seqs=options.running_limit(steps),
+        max_num_seqs=options.running_limit(steps), table=table,
     )  # fmt: skip
     return vllm_server_args(server, options.extra_args(steps))
 

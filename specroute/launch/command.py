@@ -168,6 +168,7 @@ def launch_depths_of(args: argparse.Namespace, detected: tuple[int, ...] = ()) -
         prior_name=args.prior or "",
         servers=_pool_size(args, detected),
         users=args.expected_users,
+        tables=args.engine == "vllm" and getattr(args, "allow_adaptive", False),
     )
 
 
@@ -187,6 +188,7 @@ def options_from_args(
         proxy_env=_proxy_env(args),
         prior=str(Path(args.prior).resolve()) if args.prior else None,
         weight_cache=_weight_cache_dir(args),
+        tables=depths.tables,
     )
 
 

@@ -1,14 +1,22 @@
 """Where `launch`'s depths come from, so that what runs by default is what was evaluated: the
 depths the planner may use are the operator's `--allowed-steps`, else the depths the tune
 prior measured, else the built-in default; the pool started is the operator's `--steps`, else
-the pool the prior recommends (`specroute tune`'s own rule). Pure: the caller reads the file."""
+the pool the prior recommends (`specroute tune`'s own rule). With vLLM and `--allow-adaptive`,
+a server the prior recommends at a depth starts with the K-per-batch table the planner writes
+from the prior (`planner.tables`, for the traffic the pool is chosen for) where that table is
+not the depth alone: at every batch size it runs the K up to its depth with the most tok/s, in
+the same memory. Pure: the caller reads the file."""
 
 from __future__ import annotations
 
 import msgspec
 
 from specroute.launch.argv import PlanError
-from specroute.profile_format import Profile, Target
+from specroute.planner import DepthEstimate, Estimates, Table
+from specroute.planner.forecast import Physics
+from specroute.planner.tables import table_settings
+from specroute.policies import ClassEstimate
+from specroute.profile_format import Profile, Target, depth_curves
 from specroute.recommend import MIN_MIX_GAIN, Advice, advise, best_mix, curves, primary
 from specroute.reconfigure.loop import ReconfigureOptions
 
@@ -24,17 +32,36 @@ class LaunchDepths(msgspec.Struct, frozen=True, kw_only=True):
     steps_from: str
     allowed: tuple[int, ...]
     allowed_from: str
+    tables: dict[int, Table] = {}
+    """vLLM's K per batch size the servers launched at a depth (its `num_speculative_tokens`)
+    start with."""
 
     def notes(self) -> list[str]:
-        """`--steps 1,2,2: ...` and `--allowed-steps ...: ...`, one line each."""
+        """`--steps 1,2,2: ...` and `--allowed-steps ...: ...`, one line each, and a line
+        per K-per-batch table started."""
         return [
             f"--steps {_text(self.steps)}: {self.steps_from}",
             f"--allowed-steps {_text(self.allowed)}: {self.allowed_from}",
+            *(
+                f"--allow-adaptive: the servers at {d} start with K per batch size "
+                f"{table_text(t)} (num_speculative_tokens {d}), the table the prior gives"
+                for d, t in self.tables.items()
+            ),
         ]
 
 
 def _text(steps: tuple[int, ...]) -> str:
     return ",".join(map(str, steps))
+
+
+def table_text(table: Table) -> str:
+    """`1-8:3 9-:2`: each range's batch sizes and K."""
+    out = []
+    for i, (first, k) in enumerate(table):
+        last = table[i + 1][0] - 1 if i + 1 < len(table) else None
+        span = f"{first}-" if last is None else str(first) if last == first else f"{first}-{last}"
+        out.append(f"{span}:{k}")
+    return " ".join(out)
 
 
 def _depth(target: Target) -> int | None:
@@ -98,6 +125,26 @@ def _recommended(
     return tuple(sorted(steps_of[label] for label in mix.servers)), why
 
 
+def _tables(profile: Profile, steps: tuple[int, ...], servers: int) -> dict[int, Table]:
+    """The K-per-batch table the planner writes from the prior for each depth in `steps`,
+    where it is not that depth alone, for the traffic a pool is chosen for."""
+    chosen = _primary(profile, list(_fixed(profile)), servers)
+    fit = profile.acceptance.get("greedy" if chosen and chosen.traffic == "greedy" else "sampled")
+    if fit is None:
+        return {}
+    measured = depth_curves(profile.targets)
+    depths = {}
+    for d in profile.depths:
+        if d.max_running_requests:
+            depths[d.steps] = DepthEstimate(
+                steps=d.steps, capacity=d.max_running_requests, intercept_s=d.intercept_s,
+                per_token_s=d.per_token_s, measured=measured.get(d.steps, ()),
+            )  # fmt: skip
+    klass = ClassEstimate(alpha=fit.alpha, accept_length=dict(fit.accept_length))
+    phys = Physics(Estimates(depths=depths, classes={"prior": klass}))
+    return {s.steps: s.table for s in table_settings(phys, {"prior": 1.0}, sorted(set(steps)))}
+
+
 def launch_depths(
     *,
     steps: tuple[int, ...] | None,
@@ -106,10 +153,12 @@ def launch_depths(
     prior_name: str = "the prior",
     servers: int = 3,
     users: int | None = None,
+    tables: bool = False,
 ) -> LaunchDepths:
     """The depths `launch` starts and lets the planner use: the operator's where named (None
     where not), else the prior's (its pool of `servers` for `users` at once, else over the
-    loads it measured), else the defaults. PlanError when no pool can be chosen."""
+    loads it measured, each server with its K-per-batch table where `tables`: vLLM with
+    `--allow-adaptive`), else the defaults. PlanError when no pool can be chosen."""
     measured = measured_depths(prior) if prior is not None else ()
     if allowed is not None:
         allowed_from = "given"
@@ -124,4 +173,6 @@ def launch_depths(
     if prior is None:
         raise PlanError("--steps K,K,... is required (or --prior FILE: the pool it recommends)")
     chosen, why = _recommended(prior, allowed, servers, prior_name, users)
-    return LaunchDepths(steps=chosen, steps_from=why, allowed=allowed, allowed_from=allowed_from)
+    written = _tables(prior, chosen, servers) if tables else {}
+    return LaunchDepths(steps=chosen, steps_from=why, allowed=allowed, allowed_from=allowed_from,
+                        tables=written)  # fmt: skip

@@ -1,6 +1,6 @@
 """A launched server's command line at another speculative setting: the same name, port and
-GPUs (and weight cache), the depth flags SGLang needs (or the emulator's), adaptive tiers in a
-JSON file. Pure."""
+GPUs (and weight cache), the depth flags SGLang or vLLM needs (or the emulator's), SGLang's
+adaptive tiers in a JSON file, vLLM's K per batch size in its speculative config. Pure."""
 
 from __future__ import annotations
 
@@ -41,12 +41,13 @@ def server_at(
     options: LaunchOptions, base: ProcessPlan, setting: Setting, config_path: Path | None = None
 ) -> ProcessPlan:
     """`base` (a planned server) restarted at `setting`; an adaptive setting reads its tiers
-    from `config_path` (written by the caller with `adaptive_config`)."""
+    from `config_path` (written by the caller with `adaptive_config`), a table setting has
+    vLLM's K per batch size on its command line. PlanError for a setting the engine lacks."""
     steps, port = setting.steps, _port(base.url)
     adaptive: list[str] = []
     if setting.tiers:
         adaptive = ["--speculative-adaptive"]
         if config_path is not None:
             adaptive += ["--speculative-adaptive-config", str(config_path)]
-    argv = server_argv(options, steps, port, adaptive)
+    argv = server_argv(options, steps, port, adaptive, setting.table)
     return msgspec.structs.replace(base, argv=(*argv, *base.cache_args), steps=steps)

@@ -50,7 +50,7 @@ class ServerRestarts:
         old = servers[i]
         try:
             plan = server_at(self.options, old.plan, setting, self._tiers_file(name, setting))
-        except PlanError as exc:  # a setting this engine cannot run (vLLM has no tiers)
+        except PlanError as exc:  # a setting the engine lacks (tiers on vLLM, a table on SGLang)
             return str(exc)
         if self.check:
             verdict = (await asyncio.to_thread(validate_with_sglang, [plan.argv]))[0]
@@ -83,19 +83,22 @@ def depth_loop(
     launcher: Launcher, options: LaunchOptions, reconfigure: ReconfigureOptions, admin_key: str
 ) -> Reconfigurer:
     """The planner and actuator for `launcher`'s servers, talking to its proxy."""
-    servers = [
-        (s.plan.name, Setting(steps=s.plan.steps or 0), launcher.ready_after.get(s.plan.name, 60.0))
-        for s in launcher.servers
-    ]
+    servers = []
+    for s in launcher.servers:
+        steps = s.plan.steps or 0
+        setting = Setting(steps=steps, table=options.tables.get(steps, ()))
+        servers.append((s.plan.name, setting, launcher.ready_after.get(s.plan.name, 60.0)))
     actuator = Actuator(reconfigure.mode, servers)
-    adaptive = (capped_tiers(reconfigure.allowed_steps),) if reconfigure.allow_adaptive else ()
+    # --allow-adaptive: SGLang's tiers, or vLLM's K per batch size (tables the planner writes).
+    adaptive = reconfigure.allow_adaptive and options.engine == "sglang"
     return Reconfigurer(
         reconfigure,
         ProxyLink(launcher.plan.proxy.url, admin_key),
         actuator,
         ServerRestarts(launcher, options, actuator),
         limit=options.running_limit,
-        adaptive=adaptive,
+        adaptive=(capped_tiers(reconfigure.allowed_steps),) if adaptive else (),
+        tables=reconfigure.allow_adaptive and options.engine == "vllm",
     )
 
 

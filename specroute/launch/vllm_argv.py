@@ -19,6 +19,7 @@ __all__ = [
     "VLLM_READY_PATH",
     "VllmServer",
     "speculative_config",
+    "vllm_ranges",
     "vllm_server_args",
 ]
 
@@ -35,7 +36,9 @@ VLLM_READY_PATH = "/health"
 class VllmServer:
     """What one vLLM server's command line says: model, address, GPUs, depth, method, limit."""
 
-    __slots__ = ("algorithm", "draft_model", "host", "max_num_seqs", "model", "port", "steps", "tp")
+    __slots__ = (
+        "algorithm", "draft_model", "host", "max_num_seqs", "model", "port", "steps", "table", "tp",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -48,18 +51,34 @@ class VllmServer:
         algorithm: str,
         draft_model: str | None,
         max_num_seqs: int,
+        table: Sequence[tuple[int, int]] = (),
     ) -> None:
         self.model, self.host, self.port, self.tp = model, host, port, tp
         self.steps, self.algorithm, self.draft_model = steps, algorithm, draft_model
         self.max_num_seqs = max_num_seqs
+        self.table = tuple(table)
+        """(first batch size, K) ranges: K per batch size, `steps` the most (empty: fixed)."""
+
+
+def vllm_ranges(table: Sequence[tuple[int, int]], max_num_seqs: int) -> list[list[int]]:
+    """`num_speculative_tokens_per_batch_size` for (first batch size, K) ranges: [first, last,
+    K] each, the last range up to `max_num_seqs` (vllm/v1/spec_decode/dynamic/utils.py wants
+    them sorted, without overlap, the first from 1)."""
+    ends = [first - 1 for first, _ in table[1:]] + [max(max_num_seqs, table[-1][0])]
+    return [[first, end, k] for (first, k), end in zip(table, ends, strict=True)]
 
 
 def speculative_config(server: VllmServer) -> str:
-    """The `--speculative-config` JSON for the server's depth (> 0)."""
+    """The `--speculative-config` JSON for the server's depth (> 0), with its K per batch size
+    when it has a table (`SpeculativeConfig.num_speculative_tokens_per_batch_size`)."""
     config: dict[str, object] = {
         "method": VLLM_METHODS[server.algorithm],
         "num_speculative_tokens": server.steps,
     }
+    if server.table:
+        config["num_speculative_tokens_per_batch_size"] = vllm_ranges(
+            server.table, server.max_num_seqs
+        )
     if server.draft_model is not None:
         config["model"] = server.draft_model
     return json.dumps(config, separators=(", ", ": "))

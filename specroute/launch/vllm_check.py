@@ -84,11 +84,21 @@ def check_args(argv: Sequence[str]) -> dict[str, Any]:
         raise VllmRejected(f"{type(exc).__name__}: {exc}") from exc
     spec = engine.speculative_config
     spec = spec if isinstance(spec, dict) else {}
+    table = spec.get("num_speculative_tokens_per_batch_size")
+    if table is not None:
+        # SpeculativeConfig checks the table only once it has a model config (a download), so
+        # the check calls the same validator it does (vllm/v1/spec_decode/dynamic/utils.py).
+        try:
+            dynamic: Any = importlib.import_module("vllm.v1.spec_decode.dynamic.utils")
+            table = dynamic.validate_and_normalize_dynamic_sd_schedule(table)
+        except (ImportError, ValueError, TypeError) as exc:
+            raise VllmRejected(f"num_speculative_tokens_per_batch_size: {exc}") from exc
     return {
         "model": engine.model,
         "method": spec.get("method"),
         "num_speculative_tokens": spec.get("num_speculative_tokens"),
         "draft_model": spec.get("model"),
+        "num_speculative_tokens_per_batch_size": table,
         "max_num_seqs": engine.max_num_seqs,
         "per_request_spec_decode_metrics": engine.per_request_spec_decode_metrics,
         "tensor_parallel_size": engine.tensor_parallel_size,

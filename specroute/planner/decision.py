@@ -27,13 +27,15 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     `min_gain` (a fraction of the objective) and exceed `margin` times the objective lost
     while it restarts.
     `adaptive`: SGLang adaptive configurations (tiers) that may be assigned besides the fixed
-    depths 0..max_steps."""
+    depths 0..max_steps; `tables`: vLLM's K per batch size likewise, the planner's own table
+    for the regime's class mix at each depth (`planner.tables`)."""
 
     objective: Objective = "throughput"
     floor_tok_s: float = 0.0
     max_steps: int = 7
     """Deepest fixed depth assigned (the draft head's own limit, or memory's)."""
     adaptive: tuple[tuple[Tier, ...], ...] = ()
+    tables: bool = False
     margin: float = 1.5
     min_gain: float = 0.03
     """Hysteresis: a proposal gaining less than this fraction of the objective is no change."""

@@ -23,6 +23,7 @@ __all__ = [
     "Physics",
     "ServerForecast",
     "Setting",
+    "Table",
     "Tier",
     "forecast",
     "user_counts",
@@ -33,14 +34,19 @@ SORTING_LIMIT = 0.8
 """Occupancy (users over slots) up to which routing places each class where it gains most."""
 Tier = tuple[int, tuple[int, ...]]
 """(smallest batch size of the tier, candidate depths): SGLang's adaptive configuration."""
+Table = tuple[tuple[int, int], ...]
+"""(first batch size, K) ranges, the first from 1: vLLM's `num_speculative_tokens_per_batch_size`
+(each range runs to the next one's first batch size less one, the last to the batch limit)."""
 
 
 class Setting(msgspec.Struct, frozen=True, kw_only=True):
-    """A server's speculative configuration: `steps` fixed, or SGLang-adaptive over `tiers`
-    (started at `steps`, memory sized for the deepest candidate)."""
+    """A server's speculative configuration: `steps` fixed, SGLang-adaptive over `tiers`
+    (started at `steps`, memory sized for the deepest candidate), or vLLM's K per batch size
+    from `table` (`steps` is its `num_speculative_tokens`, the most it drafts)."""
 
     steps: int
     tiers: tuple[Tier, ...] = ()
+    table: Table = ()
 
     @property
     def deepest(self) -> int:
@@ -49,7 +55,15 @@ class Setting(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def label(self) -> str:
+        if self.table:
+            return f"dynamic<={self.steps}"
         return f"adaptive<={self.deepest}" if self.tiers else f"k{self.steps}"
+
+    def table_depth(self, batch: float) -> int:
+        """K for a step of `batch` requests, as vLLM's scheduler looks it up (the range
+        holding it; an empty step, the first range's)."""
+        running = max(1, round(batch))
+        return next(k for first, k in reversed(self.table) if first <= running)
 
 
 class ServerForecast(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +128,8 @@ class _Server:
         down while accepted drafts per verify are at most the lower depth - 0.5, up while
         they exceed this depth - 0.5), from the tier's deepest candidate."""
         s = self.setting
+        if s.table:
+            return s.table_depth(batch)
         if not s.tiers or batch <= 0:
             return s.steps
         tier = sorted(s.tiers[0][1])

@@ -17,6 +17,7 @@ from specroute.planner.estimates import Estimates
 from specroute.planner.forecast import Forecast, Physics, Setting, forecast, user_counts
 from specroute.planner.lanes import LaneDemand, lane_reason, served_first
 from specroute.planner.regime import Past, Regime, RegimeTracker
+from specroute.planner.tables import table_settings
 
 __all__ = ["Planner"]
 
@@ -246,6 +247,8 @@ class Planner:
         unseen = _untold(loads)
         unknown = unseen * now_fc.value
         choices = [c for c in self.choices if c.deepest in phys.depths]
+        if o.tables:
+            choices += table_settings(phys, regime.shares, range(1, o.max_steps + 1))
         peak = self._peak(regime)
         # A restart runs under the load now while the regime lasts, and may meet the peak the
         # pool was sized for or has seen if the regime ends first: each server's loss is the

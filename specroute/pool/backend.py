@@ -78,6 +78,10 @@ class Backend:
         self.configured_steps: int | None = None
         self.algorithm: str | None = None
         self.adaptive = False
+        self.table_steps: int | None = None
+        """vLLM: its launcher says it runs K per batch size up to this (`declare`)."""
+        self.vllm_said = False
+        """vLLM: its developer-mode settings were read (they say what `declare` stands for)."""
         self.reported_capacity: int | None = None
         """Its batch limit as the server or the operator gives it (`capacity` adds the tune's)."""
         self.metrics = BackendMetrics()
@@ -112,14 +116,24 @@ class Backend:
         over them; the depth otherwise follows its per-position counters (`steps`). Call after
         `apply_models`: the model is its first card."""
         Backend.names_changed += 1
+        self.vllm_said = settings is not None
         self.configured_steps = settings.steps if settings else None
         self.algorithm = settings.method if settings else None
         self.reported_capacity = settings.capacity if settings else None
-        self.adaptive = settings.dynamic if settings else False
+        self.adaptive = settings.dynamic if settings else self.table_steps is not None
         if self.model_cards:
             self.model = str(self.model_cards[0]["id"])
         self._configured_over()
         self.needs_discovery = False
+
+    def declare(self, steps: int, dynamic: bool) -> None:
+        """What its launcher says it runs (the depth loop, as launched and after each restart):
+        a vLLM server outside developer mode does not say that K follows its batch size, and
+        its depth then follows its counters, its accept length belongs to no one depth, and
+        its memory is sized for `steps`."""
+        self.table_steps = steps if dynamic else None
+        if self.engine == "vllm" and not self.vllm_said:
+            self.adaptive = dynamic
 
     def _configured_over(self) -> None:
         """The operator's `steps` and `capacity`, where set, over what the server said."""
@@ -164,11 +178,14 @@ class Backend:
     def capacity(self) -> int | None:
         """Its batch limit: the server's or the operator's; for a vLLM server that gives none,
         what the tune measured at the depth it runs now (so it follows a restart's depth), else
-        what its scrapes showed it hold at that depth while requests waited."""
+        what its scrapes showed it hold at that depth while requests waited (K per batch
+        size: at the most it drafts, which sizes its memory)."""
         if self.reported_capacity is not None or self.engine != "vllm":
             return self.reported_capacity
         steps = self.steps
-        if steps is None or self.adaptive:
+        if self.adaptive:  # K follows the batch; memory is sized for the most it drafts
+            steps = self.configured_steps if self.vllm_said else self.table_steps
+        if steps is None:
             return None
         tuned = self.tuned_capacity.get(steps)
         return tuned if tuned is not None else self.seen_limits.at(steps)

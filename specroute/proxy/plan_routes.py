@@ -192,6 +192,10 @@ def plan_handlers(state: ProxyState, board: PlanBoard) -> list[Any]:
         except msgspec.DecodeError as exc:
             raise BadRequestError(str(exc), param="state") from exc
         before = state.pool.holds.state(name) or "serving"
+        if change.setting is not None:
+            backend = state.pool.by_name[name]
+            backend.declare(change.setting.steps, bool(change.setting.table))
+            state.pool.index.touch(backend)
         if change.state == "serving":
             await _readmit(state, name)
         else:

@@ -37,6 +37,7 @@ from specroute.wire import (
     PlanSummary,
     PoolSnapshot,
     ServerRow,
+    SettingWire,
 )
 
 __all__ = [
@@ -75,13 +76,16 @@ class ReconfigureOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unkno
     """A plan every this many samples of the load."""
     planner: dict[str, Any] = {}
 
-    def planner_options(self, adaptive: tuple[Any, ...] = ()) -> PlannerOptions:
+    def planner_options(
+        self, adaptive: tuple[Any, ...] = (), tables: bool = False
+    ) -> PlannerOptions:
         fields = {
             "max_steps": max(self.allowed_steps),
             "min_dwell_s": self.min_dwell_s,
             "max_unavailable": self.max_unavailable,
             "drain_s": self.drain_s,
             "adaptive": adaptive,
+            "tables": tables,
             **self.planner,
         }
         return msgspec.convert(fields, PlannerOptions, strict=False)
@@ -95,10 +99,16 @@ class Link(Protocol):
     async def publish(self, document: PlanDocument) -> None: ...
 
     async def hold(
-        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
+        self,
+        name: str,
+        state: HoldState,
+        *,
+        to: str = "",
+        reason: str = "",
+        setting: Setting | None = None,
     ) -> HoldAnswer:
         """Set a backend's state (draining, restarting, serving) with the change it is part
-        of; its in-flight count back."""
+        of and the setting it runs; its in-flight count back."""
         ...
 
     async def aclose(self) -> None: ...
@@ -121,12 +131,21 @@ class ProxyLink:
         (await self.client.put("/plan", content=_encode(document))).raise_for_status()
 
     async def hold(
-        self, name: str, state: HoldState, *, to: str = "", reason: str = ""
+        self,
+        name: str,
+        state: HoldState,
+        *,
+        to: str = "",
+        reason: str = "",
+        setting: Setting | None = None,
     ) -> HoldAnswer:
         """Set a backend's state (draining, restarting, serving) with the change it is part
         of (the setting it moves `to`, the plan's `reason`): the proxy then tells a planned
-        restart from an outage. Its in-flight count back."""
-        body = _encode(HoldChange(state, to=to, reason=reason))
+        restart from an outage; `setting`, what it runs, for what its engine does not say.
+        Its in-flight count back."""
+        wire = None if setting is None else msgspec.convert(msgspec.to_builtins(setting),
+                                                            SettingWire)  # fmt: skip
+        body = _encode(HoldChange(state, to=to, reason=reason, setting=wire))
         response = await self.client.put(f"/pool/backends/{name}/state", content=body)
         response.raise_for_status()
         return _hold.decode(response.content)
@@ -136,10 +155,11 @@ class ProxyLink:
 
 
 def replicas(settings: list[Setting]) -> dict[str, int]:
-    """Servers per depth ("adaptive" for SGLang-adaptive ones): what Kubernetes scales to."""
+    """Servers per depth ("adaptive" for SGLang-adaptive ones, "dynamic" for vLLM's K per
+    batch size): what Kubernetes scales to."""
     out: dict[str, int] = {}
     for s in settings:
-        key = "adaptive" if s.tiers else str(s.steps)
+        key = "adaptive" if s.tiers else "dynamic" if s.table else str(s.steps)
         out[key] = out.get(key, 0) + 1
     return out
 
@@ -158,13 +178,14 @@ class Reconfigurer:
         *,
         limit: Callable[[int], int],
         adaptive: tuple[Any, ...] = (),
+        tables: bool = False,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.options = options
         self.link = link
         self.actuator = actuator
         self._sleep = sleep
-        self.planner = Planner(options.planner_options(adaptive))
+        self.planner = Planner(options.planner_options(adaptive, tables))
         self._restart = restart
         self._limit = limit
         self.traffic = Traffic()
@@ -173,6 +194,7 @@ class Reconfigurer:
         self.plan: Plan | None = None
         self.note = "no estimates yet: waiting for the first requests"
         self._ticks = 0
+        self._undeclared = {n for n, s in actuator.slots.items() if s.setting.table}
         self._tasks: set[asyncio.Task[None]] = set()
         self.failed_ticks = 0
         """Ticks that failed on something other than the proxy's answer: a bug, which must
@@ -212,7 +234,17 @@ class Reconfigurer:
 
     async def tick(self) -> None:
         """One sample of the load; every `plan_every` samples a plan, published."""
+        await self._declare()
         await self.consider(await self.link.pool())
+
+    async def _declare(self) -> None:
+        """Tell the proxy, once, which servers were launched with vLLM's K per batch size (their
+        engine does not say; a restart's readmission says it for the setting that came up)."""
+        for name in sorted(self._undeclared):
+            slot = self.actuator.slots[name]
+            if slot.phase == "serving":
+                await self.link.hold(name, "serving", setting=slot.setting)
+            self._undeclared.discard(name)
 
     async def consider(self, pool: PoolSnapshot) -> None:
         """One /pool answer: observed, and every `plan_every` answers planned on."""
@@ -253,7 +285,7 @@ class Reconfigurer:
             record = self.actuator.abort(name, f"proxy unreachable: {exc}")
         finally:
             with contextlib.suppress(httpx.HTTPError):
-                await self.link.hold(name, "serving")
+                await self.link.hold(name, "serving", setting=self.actuator.slots[name].setting)
         self.ledger.done(self.actuator.clock(), name, record.outcome == "done")
         self._log(record)
         await self._publish_quietly()
@@ -262,7 +294,8 @@ class Reconfigurer:
         await self._drain(name)
         setting: Setting | None = self.actuator.drained(name)
         await self._publish_quietly()
-        await self.link.hold(name, "restarting", **self._change(name))
+        to, reason = self._change(name)
+        await self.link.hold(name, "restarting", to=to, reason=reason)
         while setting is not None:
             began = self.actuator.clock()
             error = await self._restart(name, setting)
@@ -277,7 +310,8 @@ class Reconfigurer:
         clock = self.actuator.clock
         deadline = clock() + self.options.drain_s
         while True:
-            answer = await self.link.hold(name, "draining", **self._change(name))
+            to, reason = self._change(name)
+            answer = await self.link.hold(name, "draining", to=to, reason=reason)
             if answer.in_flight == 0 or clock() >= deadline:
                 return
             await self._sleep(min(0.2, max(0.0, deadline - clock())))
@@ -290,10 +324,9 @@ class Reconfigurer:
             log.info("change_accounted", **msgspec.structs.asdict(account),
                      bar=round(self.planner.bar, 4))  # fmt: skip
 
-    def _change(self, name: str) -> dict[str, str]:
+    def _change(self, name: str) -> tuple[str, str]:
         """The change under way on `name`, for its hold: where it goes and why."""
-        return {"to": self.actuator.restarting_into(name).label,
-                "reason": self.actuator.slots[name].reason}  # fmt: skip
+        return self.actuator.restarting_into(name).label, self.actuator.slots[name].reason
 
     def _log(self, record: Record) -> None:
         fields = msgspec.to_builtins(record)

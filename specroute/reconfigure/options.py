@@ -60,8 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_planner_arguments(parser, None, "; default: the depths --prior measured, else "
                           + _steps_text(_DEFAULTS.allowed_steps))
     add("--allow-adaptive", action="store_true",
-        help="the planner may also choose SGLang's --speculative-adaptive, tiers capped to "
-        "--allowed-steps")
+        help="the planner may also choose the engine's own adaptive depth: SGLang's "
+        "--speculative-adaptive, tiers capped to --allowed-steps; vLLM's K per batch size "
+        "(num_speculative_tokens_per_batch_size), a table it writes from its estimates, and "
+        "with --prior the servers it recommends start with theirs")
     add("--max-unavailable", type=int, default=_DEFAULTS.max_unavailable, metavar="N",
         help="servers draining or restarting at once, at most")
 # fmt: on

@@ -144,6 +144,7 @@ def _server(options: TuneOptions, steps: int, adaptive: bool, gpus: tuple[int, .
             k: v for k, v in launch.emulator_args_by_depth.items() if k == steps
         },
         vllm_args_by_depth={k: v for k, v in launch.vllm_args_by_depth.items() if k == steps},
+        tables={k: v for k, v in launch.tables.items() if k == steps},
     )
     process = build_plan(one, gpus).servers[0]
     label = ADAPTIVE_LABEL if adaptive else process.name

@@ -1,6 +1,7 @@
 """`make vllm-check`: every vLLM command line `launch` and `tune` make (MTP, EAGLE and EAGLE3 at
-several depth sets and tensor-parallel sizes, per-depth limits and extra flags) parsed and
-validated by vLLM itself (`launch.vllm_check`), plus lines vLLM must refuse.
+several depth sets and tensor-parallel sizes, per-depth limits and extra flags, K-per-batch
+tables at launch and on a restart) parsed and validated by vLLM itself (`launch.vllm_check`),
+plus lines vLLM must refuse.
 
 Lives under `tune` because it builds tune's plans too (tune may import launch, not the other
 way). Needs the `vllm` package (deploy/vllm-check/), no GPU, no model download: parsing and
@@ -15,8 +16,10 @@ from collections.abc import Iterator
 from typing import Literal
 
 from specroute.launch.argv import LaunchOptions, ProcessPlan, build_plan
-from specroute.launch.vllm_argv import PER_REQUEST_SPEC_METRICS
+from specroute.launch.depth_flags import server_at
+from specroute.launch.vllm_argv import PER_REQUEST_SPEC_METRICS, vllm_ranges
 from specroute.launch.vllm_check import VllmRejected, check_args
+from specroute.planner import Setting
 from specroute.tune.layout import TuneOptions, server_plans, traffic_kinds
 
 __all__ = ["main"]
@@ -30,6 +33,8 @@ _DRAFTS: dict[Algorithm, str | None] = {
     "EAGLE3": "/models/llama-eagle3",
 }
 _TARGETS = {"NEXTN": "/models/deepseek-mtp", "EAGLE": "/models/llama", "EAGLE3": "/models/llama"}
+TABLES = {3: ((1, 3), (9, 2)), 5: ((1, 5), (3, 3), (17, 1), (40, 0))}
+"""K per batch size: at launch for the deepest server of a case, on restart for depth 5."""
 
 
 def _options() -> Iterator[LaunchOptions]:
@@ -42,15 +47,18 @@ def _options() -> Iterator[LaunchOptions]:
                     max_running_by_depth={steps[-1]: 32},
                     vllm_args=("--gpu-memory-utilization=0.85",),
                     vllm_args_by_depth={steps[0]: ("--max-model-len", "8192")},
+                    tables={k: TABLES[k] for k in steps if k in TABLES},
                 )  # fmt: skip
 
 
 def _plans() -> Iterator[tuple[str, ProcessPlan]]:
-    """("launch"|"tune", server plan) for every case."""
+    """("launch"|"restart"|"tune", server plan) for every case."""
     traffic = traffic_kinds([0.0], max_tokens=64, top_p=1.0, ignore_eos=False)
     for options in _options():
-        for server in build_plan(options).servers:
+        servers = build_plan(options).servers
+        for server in servers:
             yield "launch", server
+        yield "restart", server_at(options, servers[0], Setting(steps=5, table=TABLES[5]))
         tune = TuneOptions(launch=options, traffic=traffic)
         for planned in server_plans(tune):
             yield "tune", planned.process
@@ -63,10 +71,15 @@ def _check_one(plan: ProcessPlan) -> str | None:
     except VllmRejected as exc:
         return str(exc)
     argv = list(plan.argv)
+    limit = int(argv[argv.index("--max-num-seqs") + 1])
+    table = TABLES.get(plan.steps or 0) if "per_batch_size" in " ".join(argv) else None
     wanted = {
         "num_speculative_tokens": plan.steps or None,
-        "max_num_seqs": int(argv[argv.index("--max-num-seqs") + 1]),
+        "max_num_seqs": limit,
         "per_request_spec_decode_metrics": PER_REQUEST_SPEC_METRICS if plan.steps else "none",
+        "num_speculative_tokens_per_batch_size": (
+            None if table is None else [tuple(r) for r in vllm_ranges(table, limit)]
+        ),
     }
     wrong = {k: resolved.get(k) for k, v in wanted.items() if resolved.get(k) != v}
     return f"read differently: {wrong}" if wrong else None
@@ -79,6 +92,12 @@ def _expect_rejections() -> int:
         "a speculative config that is not JSON": [*serve, "--speculative-config", "{method: mtp"],
         "a non-integer --max-num-seqs": [*serve, "--max-num-seqs", "many"],
         "an unknown flag": [*serve, "--speculative-num-steps", "3"],
+        "a K-per-batch table not from batch size 1": [
+            *serve,
+            "--speculative-config",
+            '{"method": "mtp", "num_speculative_tokens": 3, '
+            '"num_speculative_tokens_per_batch_size": [[2, 8, 3], [9, 64, 1]]}',
+        ],
     }
     failures = 0
     for what, argv in bad_lines.items():
@@ -101,7 +120,7 @@ def main() -> int:
         problem = _check_one(plan)
         verdict = "ok" if problem is None else f"REJECTED: {problem}"
         tp = plan.argv[plan.argv.index("--tensor-parallel-size") + 1]
-        print(f"{source:<6} {plan.argv[4]:<22} tp={tp} steps={plan.steps}  {verdict}", flush=True)
+        print(f"{source:<7} {plan.argv[4]:<22} tp={tp} steps={plan.steps}  {verdict}", flush=True)
         failures += problem is not None
     failures += _expect_rejections()
     elapsed = time.monotonic() - started

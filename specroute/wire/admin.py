@@ -172,11 +172,14 @@ class PoolSnapshot(msgspec.Struct, kw_only=True):
 
 class HoldChange(msgspec.Struct, forbid_unknown_fields=True):
     """`PUT /pool/backends/{name}/state`: the hold, and for a planned restart the setting the
-    server moves to and the plan's reason (shown as `restarting`, not as an outage)."""
+    server moves to and the plan's reason (shown as `restarting`, not as an outage). `setting`:
+    what the server runs, as its launcher knows it (a readmission: the setting that came up),
+    for what its engine does not say (vLLM's K per batch size, outside its developer mode)."""
 
     state: HoldState
     to: str = ""
     reason: str = ""
+    setting: SettingWire | None = None
 
 
 class HoldAnswer(msgspec.Struct, kw_only=True):
@@ -197,8 +200,12 @@ class HoldAnswer(msgspec.Struct, kw_only=True):
 
 
 class SettingWire(_Wire):
+    """A server's speculative setting (`planner.Setting`): a depth, SGLang's adaptive tiers, or
+    vLLM's K per batch size as (first batch size, K) ranges."""
+
     steps: int
     tiers: list[tuple[int, list[int]]] = []
+    table: list[tuple[int, int]] = []
 
 
 class ForecastSummary(_Wire):
