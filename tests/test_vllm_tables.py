@@ -17,6 +17,7 @@ import httpx
 import msgspec
 import pytest
 from servers import free_run
+from test_actuator import pool_answer
 from test_planner import SAMPLED, estimates, planner_after, pool
 
 from specroute.children import free_port
@@ -30,6 +31,8 @@ from specroute.planner.forecast import Physics
 from specroute.planner.tables import best_table
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.reconfigure.readings import estimates as readings
+from specroute.wire import IterationFit
 
 PRIOR = Path(__file__).parent.parent / "benchmarks/results/live-reconfigure-vllm/tune/prior.json"
 """A `specroute tune --emulate --engine vllm` of depths 0-7 (the wall-clock benchmark's)."""
@@ -183,3 +186,17 @@ def test_a_launched_table_server_is_dynamic_to_the_proxy_and_restarts_onto_and_o
     assert moved["steps2"]["adaptive"] is True
     assert moved["steps3"]["adaptive"] is False
     assert seen["replies"] == [200] * 4
+
+
+def test_a_pool_all_on_tables_plans_from_the_priors_depths() -> None:
+    # Its servers' iteration fits belong to no one depth: without the prior's, no estimate.
+    answer = pool_answer({"g": 1})
+    for b in answer.backends:
+        b.adaptive = True
+    assert readings(answer, (1, 2, 3), lambda k: 48) is None
+    answer.estimates.depths = {k: IterationFit(intercept_s=0.02 + k / 100, per_token_s=0.0004)
+                               for k in (1, 3)}  # fmt: skip
+    est = readings(answer, (1, 2, 3), lambda k: 48)
+    assert est is not None
+    assert sorted(est.depths) == [1, 3]  # depth 2 has neither a fit nor a prior to read
+    assert est.depths[3].intercept_s == pytest.approx(0.05)

@@ -123,7 +123,8 @@ def _capacities(backends: Sequence[BackendSnapshot]) -> dict[int, int]:
 def estimates(
     pool: PoolSnapshot, allowed: Sequence[int], limit: Callable[[int], int]
 ) -> Estimates | None:
-    """The planner's estimates for every allowed depth, or None before any fit exists.
+    """The planner's estimates for every allowed depth, or None before any fit exists (a pool
+    of adaptive servers only, whose fits belong to no one depth, plans from the prior's).
 
     A depth a backend runs takes the live fit of its backends, read along tune's points for
     that depth where the prior has them, scaled through the fit where it was observed
@@ -135,10 +136,10 @@ def estimates(
     only take memory away."""
     backends = pool.backends
     fits = fits_by_depth(backends)
-    if not fits:
+    priors = pool.estimates.depths
+    if not fits and not (priors and any(b.adaptive for b in backends)):
         return None
     seen = _capacities(backends)
-    priors = pool.estimates.depths
     tuned = pool.estimates.capacity
     depths = {}
     for k in allowed:
@@ -147,6 +148,8 @@ def estimates(
         if k not in fits and k in priors:
             a, s = priors[k].intercept_s, priors[k].per_token_s
             measured = points
+        elif not fits:  # nothing to borrow from
+            continue
         else:
             fit = fits[min(fits, key=lambda d: (abs(d - k), -d))]
             a, s = fit.intercept_s, fit.per_token_s
