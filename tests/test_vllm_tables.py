@@ -23,12 +23,14 @@ from test_planner import SAMPLED, estimates, planner_after, pool
 from specroute.children import free_port
 from specroute.cli import main
 from specroute.launch.argv import LaunchOptions, PlanError, build_plan
+from specroute.launch.defaults import launch_depths
 from specroute.launch.depth_flags import server_at
 from specroute.launch.launcher import Launcher, LaunchSettings
 from specroute.launch.restarts import ServerRestarts
 from specroute.planner import Setting, forecast
 from specroute.planner.forecast import Physics
 from specroute.planner.tables import best_table
+from specroute.profile_format import decode_profile
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
 from specroute.reconfigure.readings import estimates as readings
@@ -200,3 +202,13 @@ def test_a_pool_all_on_tables_plans_from_the_priors_depths() -> None:
     assert est is not None
     assert sorted(est.depths) == [1, 3]  # depth 2 has neither a fit nor a prior to read
     assert est.depths[3].intercept_s == pytest.approx(0.05)
+
+
+def test_a_recommended_depth_starts_on_its_table_only_where_the_table_drafts_it_alone() -> None:
+    path = PRIOR.parent.parent.parent / "vllm-bound/tune/costly-drafts.json"
+    prior = decode_profile(path.read_bytes(), source=path.name)
+    depths = launch_depths(steps=None, allowed=None, prior=prior, users=16, tables=True)
+    assert depths.steps == (2, 3, 3)
+    # k2's table drafts 2 until 25 run, then 1; k3's would draft 2 even alone: k3 stays k3.
+    assert depths.tables == {2: ((1, 2), (26, 1))}
+    assert launch_depths(steps=None, allowed=None, prior=prior, users=16).tables == {}

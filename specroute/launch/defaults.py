@@ -3,9 +3,9 @@ depths the planner may use are the operator's `--allowed-steps`, else the depths
 prior measured, else the built-in default; the pool started is the operator's `--steps`, else
 the pool the prior recommends (`specroute tune`'s own rule). With vLLM and `--allow-adaptive`,
 a server the prior recommends at a depth starts with the K-per-batch table the planner writes
-from the prior (`planner.tables`, for the traffic the pool is chosen for) where that table is
-not the depth alone: at every batch size it runs the K up to its depth with the most tok/s, in
-the same memory. Pure: the caller reads the file."""
+from the prior (`planner.tables`, for the traffic the pool is chosen for) where that table
+drafts the depth alone and less when crowded: at every batch size it runs the K up to its depth
+with the most tok/s, in the same memory. Pure: the caller reads the file."""
 
 from __future__ import annotations
 
@@ -126,8 +126,8 @@ def _recommended(
 
 
 def _tables(profile: Profile, steps: tuple[int, ...], servers: int) -> dict[int, Table]:
-    """The K-per-batch table the planner writes from the prior for each depth in `steps`,
-    where it is not that depth alone, for the traffic a pool is chosen for."""
+    """The K-per-batch table the planner writes from the prior for each depth in `steps`, for
+    the traffic a pool is chosen for, where it drafts that depth alone and less when crowded."""
     chosen = _primary(profile, list(_fixed(profile)), servers)
     fit = profile.acceptance.get("greedy" if chosen and chosen.traffic == "greedy" else "sampled")
     if fit is None:
@@ -142,7 +142,10 @@ def _tables(profile: Profile, steps: tuple[int, ...], servers: int) -> dict[int,
             )  # fmt: skip
     klass = ClassEstimate(alpha=fit.alpha, accept_length=dict(fit.accept_length))
     phys = Physics(Estimates(depths=depths, classes={"prior": klass}))
-    return {s.steps: s.table for s in table_settings(phys, {"prior": 1.0}, sorted(set(steps)))}
+    # Only a table that still drafts the depth alone: one that never does would keep the
+    # depth's memory (fewer slots) for nothing, and lose the mix its depth was chosen for.
+    settings = table_settings(phys, {"prior": 1.0}, sorted(set(steps)))
+    return {s.steps: s.table for s in settings if s.table[0][1] == s.steps}
 
 
 def launch_depths(
