@@ -82,7 +82,8 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
         ))  # fmt: skip
     classes = {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
-                            samples=c.samples, mean_tokens=c.mean_tokens)
+                            samples=c.samples, mean_tokens=c.mean_tokens,
+                            completions=c.completions)
         for name, c in sim.telemetry.classes().items()
     }  # fmt: skip
     depths = prior_depths(sim.telemetry)

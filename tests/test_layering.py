@@ -22,7 +22,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "reconfigure": frozenset({"planner", "policies"}),
     # `specroute tune` launches each depth, drives it with the bench's sweep and, for --emulate,
     # reads the emulator's seed figures.
-    "tune": frozenset({"launch", "bench", "emulator"}),
+    # `make vllm-check` (tune.vllm_matrix) builds restart lines too, from a planner Setting.
+    "tune": frozenset({"launch", "bench", "emulator", "planner"}),
     "policies": frozenset(),
     "planner": frozenset({"policies"}),
     "bench": frozenset(),

@@ -185,7 +185,9 @@ def test_telemetry_learns_nothing_about_acceptance_from_failures_or_no_speculati
     telemetry.observe(_outcome(status=500, completion_tokens=10, verify_count=3), capacity=4)
     telemetry.observe(_outcome(steps=0, completion_tokens=10, verify_count=3), capacity=4)
     telemetry.observe(_outcome(error="broken", completion_tokens=10, verify_count=3), capacity=4)
-    assert telemetry.classes() == {}
+    # The reply at depth 0 is traffic of its class all the same: one completion, no acceptance.
+    (klass,) = telemetry.classes().values()
+    assert (klass.samples, klass.accept_length, klass.completions) == (0, {}, 1)
 
 
 def test_telemetry_fits_iteration_time_from_chunk_gaps_at_the_mean_batch() -> None:

@@ -30,11 +30,14 @@ from specroute.launch.restarts import ServerRestarts
 from specroute.planner import Setting, forecast
 from specroute.planner.forecast import Physics
 from specroute.planner.tables import best_table
+from specroute.policies import Outcome
+from specroute.pool.telemetry import Telemetry
 from specroute.profile_format import decode_profile
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
+from specroute.reconfigure.readings import Traffic
 from specroute.reconfigure.readings import estimates as readings
-from specroute.wire import IterationFit
+from specroute.wire import ClassSnapshot, IterationFit
 
 PRIOR = Path(__file__).parent.parent / "benchmarks/results/live-reconfigure-vllm/tune/prior.json"
 """A `specroute tune --emulate --engine vllm` of depths 0-7 (the wall-clock benchmark's)."""
@@ -212,3 +215,28 @@ def test_a_recommended_depth_starts_on_its_table_only_where_the_table_drafts_it_
     # k2's table drafts 2 until 25 run, then 1; k3's would draft 2 even alone: k3 stays k3.
     assert depths.tables == {2: ((1, 2), (26, 1))}
     assert launch_depths(steps=None, allowed=None, prior=prior, users=16).tables == {}
+
+
+def test_replies_from_servers_that_teach_no_acceptance_still_count_in_the_class_mix() -> None:
+    # Servers on tables (or SGLang-adaptive, or at depth 0) teach no accept length per depth,
+    # but their replies are the traffic: the loop's class mix must follow them, or a pool all
+    # on tables plans for the prior's even mix forever (what the first live run did).
+    telemetry = Telemetry()
+    for klass, n in (("m:sampled", 9), ("m:greedy", 1)):
+        for _ in range(n):
+            telemetry.observe(Outcome(backend="a", steps=3, workload_class=klass, status=200,
+                                      stream=False, completion_tokens=100, duration_s=1.0),
+                              capacity=8, acceptance=False)  # fmt: skip
+    classes = telemetry.classes()
+    assert classes["m:sampled"].completions == 9
+    assert classes["m:sampled"].samples == 0  # no accept length was learned from them
+    answer = pool_answer({})
+    answer.estimates.classes = {
+        name: ClassSnapshot(alpha=c.alpha, samples=c.samples, completions=c.completions,
+                            mean_tokens=c.mean_tokens)
+        for name, c in classes.items()
+    }  # fmt: skip
+    traffic = Traffic()
+    traffic.sample(pool_answer({}))
+    loads, _ = traffic.sample(answer)
+    assert loads["m:sampled"] == pytest.approx(9 * loads["m:greedy"])

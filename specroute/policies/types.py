@@ -76,12 +76,15 @@ class BackendView(msgspec.Struct, frozen=True, kw_only=True):
 
 class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
     """One workload class's learned acceptance: a per-token rate `alpha` that serves every
-    depth, the accept length measured at each depth seen, and the mean completion length."""
+    depth, the accept length measured at each depth seen (from `samples` replies), and the
+    mean completion length over its `completions` (every reply, whatever its server: one from
+    an adaptive server or at depth 0 teaches no acceptance but is traffic all the same)."""
 
     alpha: float
     accept_length: dict[int, float] = msgspec.field(default_factory=dict)
     samples: int = 0
     mean_tokens: float | None = None
+    completions: int = 0
 
 
 class CandidateSet(Protocol):

@@ -178,11 +178,14 @@ class ClassLengths:
         self.prior_tokens = prior_tokens
         self.keep = keep
         self.classes: dict[str, DecayingMean] = {}
+        self.counts: dict[str, int] = {}
+        """Completions per class, whatever server answered (the traffic's class mix)."""
 
     def observe(self, klass: str, tokens: int) -> None:
         if tokens > 0:
             mean = self.classes.setdefault(klass, DecayingMean(float(tokens)))
             mean.update(float(tokens), 1.0, self.keep)
+            self.counts[klass] = self.counts.get(klass, 0) + 1
 
     def get(self, klass: str) -> float:
         mean = self.classes.get(klass)

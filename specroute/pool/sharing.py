@@ -44,6 +44,7 @@ class ClassWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     accept_length: dict[int, Weighted] = {}
     samples: int = 0
     mean_tokens: Weighted | None = None
+    completions: int = 0
 
 
 class IterationWire(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,14 +67,17 @@ class EstimatesWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 def class_wires(telemetry: Telemetry) -> dict[str, ClassWire]:
     """What this replica learned of each class, with weights."""
     lengths = telemetry.lengths.classes
+    counts = telemetry.lengths.counts
     classes = {}
-    for name, est in telemetry.acceptance.classes.items():
+    for name in dict.fromkeys([*telemetry.acceptance.classes, *counts]):
+        est = telemetry.acceptance.get(name)
         tokens = lengths.get(name)
         classes[name] = ClassWire(
             alpha=Weighted(est.alpha.value, est.alpha.weight),
             accept_length={k: Weighted(m.value, m.weight) for k, m in est.by_steps.items()},
             samples=est.samples,
             mean_tokens=None if tokens is None else Weighted(tokens.value, tokens.weight),
+            completions=counts.get(name, 0),
         )
     return classes
 
@@ -125,6 +129,7 @@ def blend_classes(parts: Iterable[EstimatesWire]) -> dict[str, ClassEstimate]:
             accept_length={k: m.value for k, m in lengths.items() if m is not None},
             samples=sum(w.samples for w in wires),
             mean_tokens=tokens.value if tokens is not None else None,
+            completions=sum(w.completions for w in wires),
         )
     return out
 

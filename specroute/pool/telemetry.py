@@ -188,7 +188,9 @@ class Telemetry:
                     accept_length={k: m.value for k, m in sorted(est.by_steps.items())},
                     samples=est.samples,
                     mean_tokens=self.lengths.get(name),
+                    completions=self.lengths.counts.get(name, 0),
                 )
-                for name, est in self.acceptance.classes.items()
+                for name in dict.fromkeys([*self.acceptance.classes, *self.lengths.counts])
+                for est in (self.acceptance.get(name),)
             }
         return self._classes

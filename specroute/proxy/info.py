@@ -122,7 +122,8 @@ def prior_depths(telemetry: Telemetry) -> dict[int, IterationFit]:
 def _classes(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnapshot]:
     return {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
-                            samples=c.samples, mean_tokens=c.mean_tokens)
+                            samples=c.samples, mean_tokens=c.mean_tokens,
+                            completions=c.completions)
         for name, c in classes.items()
     }  # fmt: skip
 

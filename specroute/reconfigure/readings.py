@@ -39,8 +39,8 @@ class Traffic:
         weights = {}
         first = not self._seen
         for name, est in pool.estimates.classes.items():
-            fresh = est.samples - self._seen.get(name, 0)
-            self._seen[name] = est.samples
+            fresh = est.completions - self._seen.get(name, 0)
+            self._seen[name] = est.completions
             if fresh > 0:
                 weights[name] = fresh * (est.mean_tokens or 1.0)
         weight = sum(weights.values())
@@ -181,4 +181,4 @@ def _through(
 
 def _class(c: ClassSnapshot) -> ClassEstimate:
     return ClassEstimate(alpha=c.alpha, accept_length=dict(c.accept_length), samples=c.samples,
-                         mean_tokens=c.mean_tokens)  # fmt: skip
+                         mean_tokens=c.mean_tokens, completions=c.completions)  # fmt: skip

@@ -97,7 +97,10 @@ class ClassSnapshot(_Wire):
     alpha: float
     accept_length: dict[int, float] = {}
     samples: int = 0
+    """Replies its acceptance was learned from."""
     mean_tokens: float | None = None
+    completions: int = 0
+    """Replies of the class, from any server (the loop splits the load by these)."""
 
 
 class IterationFit(_Wire):
