@@ -149,8 +149,13 @@ def pool_answer(samples: dict[str, int], in_flight: int = 6) -> PoolSnapshot:
         "prior_alpha": 0.7,
         "local_classes": {},
         "classes": {
-            c: {"alpha": 0.8, "accept_length": {"1": 1.8}, "samples": n, "mean_tokens": 100.0,
-                "completions": n}
+            c: {
+                "alpha": 0.8,
+                "accept_length": {"1": 1.8},
+                "samples": n,
+                "mean_tokens": 100.0,
+                "completions": n,
+            }
             for c, n in samples.items()
         },
     }
