@@ -23,26 +23,43 @@ LANE_WINDOW = 30
 class Traffic:
     """Requests in flight per class, every replica's (each backend's combined load). The proxy
     counts in flight per backend, not per class, so the total is split by the classes' recent
-    completions weighted by their mean length: by Little's law, what is in flight of a class
-    is its rate times its duration."""
+    replies weighted by their mean length: by Little's law, what is in flight of a class is
+    its rate times its duration.
+
+    The replies counted are those that taught acceptance (`samples`) while any do, and every
+    reply (`completions`) where none do: a pool all on vLLM tables or SGLang-adaptive servers
+    teaches no accept length per depth, and split by `samples` it would plan for the prior's
+    class mix forever. Counting every reply always would be truer where a depth-0 server
+    serves part of a class; it also moves the first ticks' mix (the prior's samples count
+    there) and with it the virtual-time evaluation's figures, which were measured on
+    `samples` (`docs/policy-evaluation.md`, "Rerun after the class-mix fix")."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, int] = {}
+        self._seen: dict[str, dict[str, int]] = {"samples": {}, "completions": {}}
         self.shares: dict[str, float] = {}
         self.tokens = 0.0
-        """Tokens completed since the first sample (completions times their class's mean
-        length): the realized rate that changes are held to."""
+        """Tokens completed since the first sample (replies times their class's mean length,
+        counted as the split counts them): the realized rate that changes are held to."""
+
+    def _fresh(self, pool: PoolSnapshot, counter: str) -> dict[str, float]:
+        """Tokens per class in the replies `counter` counted since the last answer."""
+        seen = self._seen[counter]
+        weights = {}
+        for name, est in pool.estimates.classes.items():
+            count = getattr(est, counter)
+            fresh = count - seen.get(name, 0)
+            seen[name] = count
+            if fresh > 0:
+                weights[name] = fresh * (est.mean_tokens or 1.0)
+        return weights
 
     def sample(self, pool: PoolSnapshot) -> tuple[dict[str, float], float]:
         """(in flight per class, queued) from one /pool answer."""
         total = float(sum(b.load for b in pool.backends))
-        weights = {}
-        first = not self._seen
-        for name, est in pool.estimates.classes.items():
-            fresh = est.completions - self._seen.get(name, 0)
-            self._seen[name] = est.completions
-            if fresh > 0:
-                weights[name] = fresh * (est.mean_tokens or 1.0)
+        first = not any(self._seen.values())
+        taught = self._fresh(pool, "samples")
+        replies = self._fresh(pool, "completions")
+        weights = taught or replies
         weight = sum(weights.values())
         if not first:
             self.tokens += weight
