@@ -26,17 +26,19 @@ class Traffic:
     replies weighted by their mean length: by Little's law, what is in flight of a class is
     its rate times its duration.
 
-    The replies counted are those that taught acceptance (`samples`) while any do, and every
-    reply (`completions`) where none do: a pool all on vLLM tables or SGLang-adaptive servers
+    The replies counted are those that taught acceptance (`samples`) once any has, and every
+    reply (`completions`) until then: a pool all on vLLM tables or SGLang-adaptive servers
     teaches no accept length per depth, and split by `samples` it would plan for the prior's
     class mix forever. Counting every reply always would be truer where a depth-0 server
-    serves part of a class; it also moves the first ticks' mix (the prior's samples count
+    serves part of a class; it also moves the first answers' mix (the prior's samples count
     there) and with it the virtual-time evaluation's figures, which were measured on
     `samples` (`docs/policy-evaluation.md`, "Rerun after the class-mix fix")."""
 
     def __init__(self) -> None:
         self._seen: dict[str, dict[str, int]] = {"samples": {}, "completions": {}}
         self.shares: dict[str, float] = {}
+        self._taught = False
+        """Whether a reply has taught acceptance since the first answer."""
         self.tokens = 0.0
         """Tokens completed since the first sample (replies times their class's mean length,
         counted as the split counts them): the realized rate that changes are held to."""
@@ -59,7 +61,8 @@ class Traffic:
         first = not any(self._seen.values())
         taught = self._fresh(pool, "samples")
         replies = self._fresh(pool, "completions")
-        weights = taught or replies
+        self._taught = self._taught or (bool(taught) and not first)
+        weights = (taught or replies) if first else taught if self._taught else replies
         weight = sum(weights.values())
         if not first:
             self.tokens += weight
