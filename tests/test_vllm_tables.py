@@ -240,3 +240,24 @@ def test_replies_from_servers_that_teach_no_acceptance_still_count_in_the_class_
     traffic.sample(pool_answer({}))
     loads, _ = traffic.sample(answer)
     assert loads["m:sampled"] == pytest.approx(9 * loads["m:greedy"])
+
+
+def test_once_a_reply_has_taught_acceptance_the_mix_follows_the_replies_that_taught() -> None:
+    # The split the virtual-time evaluation's figures were measured on (item 21's): a tick
+    # whose only replies came from servers that teach nothing (a depth-0 server, here) keeps
+    # the mix the teaching servers' replies gave; counting them moved nine rows
+    # (benchmarks/results/depth-bound/auto-after-class-mix.md).
+    def answer(sampled: tuple[int, int], greedy: tuple[int, int]) -> Any:
+        snap = pool_answer({})
+        snap.estimates.classes = {
+            name: ClassSnapshot(alpha=0.7, samples=taught, completions=replies, mean_tokens=100.0)
+            for name, (taught, replies) in (("m:sampled", sampled), ("m:greedy", greedy))
+        }  # fmt: skip
+        return snap
+
+    traffic = Traffic()
+    traffic.sample(answer((0, 0), (0, 0)))
+    loads, _ = traffic.sample(answer((3, 3), (1, 1)))
+    assert loads["m:sampled"] == pytest.approx(3 * loads["m:greedy"])
+    loads, _ = traffic.sample(answer((3, 3), (1, 9)))  # eight greedy replies at depth 0
+    assert loads["m:sampled"] == pytest.approx(3 * loads["m:greedy"])
