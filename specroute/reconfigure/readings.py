@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from specroute.lanes import INTERACTIVE
 from specroute.planner import DepthEstimate, Estimates, LaneDemand
@@ -43,7 +43,9 @@ class Traffic:
         """Tokens completed since the first sample (replies times their class's mean length,
         counted as the split counts them): the realized rate that changes are held to."""
 
-    def _fresh(self, pool: PoolSnapshot, counter: str) -> dict[str, float]:
+    def _fresh(
+        self, pool: PoolSnapshot, counter: Literal["samples", "completions"]
+    ) -> dict[str, float]:
         """Tokens per class in the replies `counter` counted since the last answer."""
         seen = self._seen[counter]
         weights = {}
