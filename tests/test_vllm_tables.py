@@ -245,7 +245,7 @@ def test_replies_from_servers_that_teach_no_acceptance_still_count_in_the_class_
 def test_once_a_reply_has_taught_acceptance_the_mix_follows_the_replies_that_taught() -> None:
     # The split the virtual-time evaluation's figures were measured on (item 21's): a tick
     # whose only replies came from servers that teach nothing (a depth-0 server, here) keeps
-    # the mix the teaching servers' replies gave; counting them moved nine rows
+    # the mix the teaching servers' replies gave; counting them moved eleven rows
     # (benchmarks/results/depth-bound/auto-after-class-mix.md).
     def answer(sampled: tuple[int, int], greedy: tuple[int, int]) -> Any:
         snap = pool_answer({})
