@@ -417,8 +417,12 @@ def main() -> None:
     parser.add_argument(
         "--allow-adaptive", action="store_true", help="the loop may choose SGLang-adaptive servers"
     )
+    parser.add_argument(
+        "--log-level", default="warning", choices=("debug", "info", "warning"),
+        help="info: the loop's plan, restart and account lines (on stderr) beside the table",
+    )  # fmt: skip
     args = parser.parse_args()
-    configure_logging("warning")  # the loop's plan lines would drown the table
+    configure_logging(args.log_level)  # by default the loop's plan lines would drown the table
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
         allowed = pools(args.profile)[pool].allowed or ReconfigureOptions().allowed_steps
