@@ -4,6 +4,7 @@ moved; a change that did not pay raises the bar the next one must clear."""
 
 from __future__ import annotations
 
+import pytest
 from test_planner import GREEDY, estimates, planner_after, pool
 
 from specroute.planner import Forecast, Plan, Regime
@@ -145,3 +146,42 @@ def test_a_change_measured_before_the_next_began_keeps_its_verdict() -> None:
     assert account.realized_tok_s == 1200.0
     assert account.realized_gain == 0.2
     assert account.forecast_error == round((1300.0 - 1200.0) / 1200.0, 4)
+
+
+def _bursts(ledger: Ledger, start: int, end: int, tokens: float) -> float:
+    """Samples every 2 s of two users' long replies: one of 1000 tokens ends every 40 s."""
+    for t in range(start, end + 1, 2):
+        if t % 40 == 0 and t > 0:
+            tokens += 1000.0
+        ledger.sample(float(t), tokens)
+    return tokens
+
+
+def test_the_rate_before_a_change_is_read_over_as_long_as_the_rate_after() -> None:
+    # The pool runs at 25 tok/s, before the change and after it. The last minute before it
+    # holds one reply's end (17 tok/s): read there, the change would show a gain of a half that
+    # it did not make (and a minute holding two, 33 tok/s, a loss of a quarter).
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _bursts(ledger, 0, 300, 0.0)
+    ledger.begin(300.0, "b0", _plan(30.0, current_tok_s=25.0))
+    tokens = _bursts(ledger, 302, 400, tokens)
+    ledger.done(400.0, "b0", ok=True)
+    _bursts(ledger, 402, 560, tokens)
+    (account,) = ledger.close(560.0, regime_started=0.0)
+    assert account.before_tok_s == pytest.approx(25.0, rel=0.1)
+    assert account.realized_gain is not None
+    assert abs(account.realized_gain) < 0.1
+
+
+def test_the_rate_before_a_change_is_of_its_own_regime() -> None:
+    # The regime began 40 s before the change: the busy minutes before it are not its rate.
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _run(ledger, 3000.0, 0.0, 260.0, 0.0)
+    tokens = _run(ledger, 500.0, 260.0, 300.0, tokens)
+    ledger.begin(300.0, "b0", _plan(600.0, regime_started=260.0, current_tok_s=500.0))
+    tokens = _run(ledger, 400.0, 302.0, 350.0, tokens)
+    ledger.done(350.0, "b0", ok=True)
+    _run(ledger, 550.0, 352.0, 500.0, tokens)
+    (account,) = ledger.close(500.0, regime_started=260.0)
+    assert account.before_tok_s == pytest.approx(500.0, rel=0.05)
+    assert account.realized_gain == pytest.approx(0.1, abs=0.02)

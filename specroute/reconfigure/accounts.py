@@ -38,7 +38,13 @@ class Ledger:
     done, and its "after" until the next one began (a server away for the next change is not
     this change's doing). Where that leaves less than half the window, the rate is not taken:
     on a multi-server move the first change's account would otherwise measure the second's
-    restart, and its shortfall would raise the bar for no fault of the forecast."""
+    restart, and its shortfall would raise the bar for no fault of the forecast.
+
+    "Before" spans as much as "after" may (`measure_s`), within the regime the change was made
+    in. Read over the last window alone it came from a reply or two at a few users: on the
+    seed's night-burst two users' long replies put a pool the model valued at 465 tok/s at 489,
+    the change's realized gain fell 12 points under its forecast for that alone, and the bar
+    rose by as much (`docs/policy-evaluation.md`, "The rate before a change")."""
 
     def __init__(self, *, window_s: float = 60.0, settle_s: float = 30.0, measure_s: float = 120.0):
         self.window_s = window_s
@@ -71,13 +77,14 @@ class Ledger:
     def begin(self, now: float, server: str, plan: Plan) -> None:
         """A change of `plan` begins on `server`: the rate now and the forecast it is held to.
         Changes begun earlier are measured up to now (`cut`); none is opened while another
-        change is under way or was done less than half a window ago."""
+        change is under way, nor when the pool has been as it is, in this regime, for less than
+        half a window."""
         for change in self._open.values():
             if change.begun < now and change.cut is None:
                 change.cut = now
         busy = any(began < now for began in self._away.values())
         self._away[server] = now
-        start = max(now - self.window_s, self._calm_since)
+        start = max(now - self.measure_s, self._calm_since, plan.regime.started_at)
         before = None if busy or now - start < self.window_s / 2 else self.rate(start, now)
         if before is None or plan.expected is None:
             return
