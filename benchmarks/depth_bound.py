@@ -130,8 +130,10 @@ def sampled(profile: str, pool: str, scenario: Scenario, seed: int, scale: float
     return SimResult(pool, phases, bins, finished)
 
 
-def _run(job: Job) -> tuple[str, str, SimResult]:
-    profile, trace, pool, scale, seed, fresh, startup, drain = job
+def _costs(job: Job) -> tuple[dict[str, object], str]:
+    """What a restart costs auto in `job` (`--startup`, `--drain`; none: as launched), and
+    the tag its digest takes for them."""
+    profile, _, pool, _, _, _, startup, drain = job
     spec = pools(profile)[pool]
     costs: dict[str, object] = {}
     if spec.planner:  # `--startup`, `--drain`: what a restart costs auto (None: as launched)
@@ -142,7 +144,22 @@ def _run(job: Job) -> tuple[str, str, SimResult]:
                 options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
             costs["reconfigure"] = options
     tag = f" {startup} {drain}" if spec.planner and (startup, drain) != (None, None) else ""
-    path = _cache_path(profile, trace, pool, scale, seed, tag)
+    return costs, tag
+
+
+def _job_path(job: Job) -> Path:
+    profile, trace, pool, scale, seed = job[:5]
+    return _cache_path(profile, trace, pool, scale, seed, _costs(job)[1])
+
+
+def _run(job: Job, path: Path) -> tuple[str, str, SimResult]:
+    """One run, kept at `path`: its digest was taken before any run began, from the sources
+    the workers run (forked from the parent, which imported them). Taken in the worker when
+    the run starts, a source edited meanwhile filed the old code's run under the new code's
+    digest, and a later run of the new code printed it (2026-12-04, the h200 shape's day)."""
+    profile, trace, pool, scale, seed, fresh = job[:6]
+    spec = pools(profile)[pool]
+    costs = _costs(job)[0]
     if path.exists() and not fresh:
         return profile, trace, msgspec.json.decode(path.read_bytes(), type=SimResult)
     scenario = load_scenario(TRACES[trace])
@@ -172,8 +189,8 @@ def _cost(job: Job) -> float:
     return sum(phases)
 
 
-def _numbered(job: tuple[int, Job]) -> tuple[int, tuple[str, str, SimResult]]:
-    return job[0], _run(job[1])
+def _numbered(job: tuple[int, Job, Path]) -> tuple[int, tuple[str, str, SimResult]]:
+    return job[0], _run(job[1], job[2])
 
 
 def _servers_changed(specs: dict[str, PoolSpec], a: str, b: str) -> int:
@@ -411,7 +428,8 @@ def main() -> None:
             for t in args.trace or TRACES for pool in args.pool or evaluated(p)]  # fmt: skip
     done: dict[int, tuple[str, str, SimResult]] = {}
     started = time.monotonic()
-    longest_first = sorted(enumerate(jobs), key=lambda job: -_cost(job[1]))
+    order = sorted(enumerate(jobs), key=lambda job: -_cost(job[1]))
+    longest_first = [(i, job, _job_path(job)) for i, job in order]
     with multiprocessing.Pool(args.jobs) as workers:  # progress on stderr, the report on stdout
         for i, out in workers.imap_unordered(_numbered, longest_first, chunksize=1):
             done[i] = out

@@ -111,9 +111,13 @@ def _cache_path(profile: str, trace: str, pool: str, seed: int) -> Path:
     return CACHE / f"{profile}__{trace}__{pool}__{digest.hexdigest()[:12]}.json"
 
 
-def _run(job: Job) -> tuple[Job, Run]:
+def _run(keyed: tuple[Job, Path]) -> tuple[Job, Run]:
+    """One run, kept at `path`: its digest was taken before any run began, from the sources
+    the workers run (forked from the parent, which imported them). Taken in the worker when
+    the run starts, a source edited meanwhile filed the old code's run under the new code's
+    digest, and a later run of the new code printed it (depth_bound.py did, 2026-12-04)."""
+    job, path = keyed
     profile, trace, pool, seed, fresh = job
-    path = _cache_path(profile, trace, pool, seed)
     if path.exists() and not fresh:
         return job, msgspec.json.decode(path.read_bytes(), type=Run)
     scenario = load_scenario(TRACES[trace])
@@ -185,7 +189,8 @@ def main() -> None:
     done: dict[Job, Run] = {}
     started = time.monotonic()
     with multiprocessing.Pool(args.jobs) as workers:  # progress on stderr, the report on stdout
-        for job, run in workers.imap_unordered(_run, jobs, chunksize=1):
+        keyed = [(job, _cache_path(*job[:4])) for job in jobs]
+        for job, run in workers.imap_unordered(_run, keyed, chunksize=1):
             done[job] = run
             print(f"[{len(done)}/{len(jobs)}] {job[0]} {job[1]} {job[2]} "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
