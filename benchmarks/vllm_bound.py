@@ -147,8 +147,10 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
     for group in (allowed, deeper):
         best = max(group, key=rate.__getitem__) if group else None
         cells.append(f"{best} {rate[best]:.0f}: {_pct(auto, rate[best])}" if best else "-")
-    # `auto-tuned-uN` against its own launched pool, `launched-tuned-uN`
-    never = "launched" + name[len("auto") :] if name.startswith("auto-tuned") else "launched-tuned"
+    # each loop against its own launched pool (`auto-tuned-uN` against `launched-tuned-uN`,
+    # `auto-dynamic-tuned` against `launched-dynamic-tuned`); `auto` against the mix's column
+    own = "launched" + name[len("auto") :]
+    never = own if name != "auto" and own in rate else "launched-tuned"
     cells += [
         f"{rate[pool]:.0f}: {_pct(auto, rate[pool])}" if pool in rate else "-"
         for pool in ("mix-1-2-3", never, "dynamic", SHALLOW_TABLE)
