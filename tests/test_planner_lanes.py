@@ -76,6 +76,19 @@ def test_the_planner_gives_up_a_little_throughput_to_serve_the_interactive_lane(
     assert "interactive 6.0 at 100 tok/s: 6.0 short now, 0.0 with the proposal" in plan.reason
 
 
+def test_what_the_peak_rule_holds_back_is_not_a_share_of_a_lane_short_objective() -> None:
+    # Three greedy users all interactive at 100 tok/s on three k1 servers: the lane is short,
+    # its charge puts the pool's objective below zero, and a share of that means nothing (it
+    # printed +132115228840313.3%). The note still names the pool held back.
+    planner, now = planner_after([(1800.0, {GREEDY: 3.0})])
+    planner.lanes = LaneDemand(share=1.0, target_tok_s=100.0, classes={GREEDY: 1.0})
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert plan.current.value < 0
+    note = plan.reason.split("the peak rule holds back ")[1].split(": it could restart")[0]
+    assert note.endswith("(a gain over the horizon, the interactive lane's shortfall counted)")
+    assert "%" not in note
+
+
 def test_a_lane_already_served_leaves_the_plan_to_throughput() -> None:
     planner, now = planner_after([CROWDED])
     planner.lanes = LaneDemand(share=0.1, target_tok_s=30.0, classes={GREEDY: 1.0})

@@ -50,8 +50,10 @@ class _Held(msgspec.Struct, frozen=True, kw_only=True):
     settings: tuple[Setting, ...]
     gain: float
     """Over the horizon's loads, per second, as `_Candidate.gain`."""
-    share: float
-    """That gain over what the current pool yields there."""
+    share: float | None
+    """That gain over what the current pool yields there; None where the current pool's
+    objective is not positive (an interactive lane's shortfall charged, `served_first`),
+    of which no share is a measure."""
     escape: float
 
 
@@ -275,8 +277,9 @@ class Planner:
             reach = self._escape_load(settings, phys)
             if reach < escape:
                 if held is None or value - now_value > held.gain:
+                    share = (value - now_value) / now_value if now_value > 0 else None
                     held = _Held(settings=settings, gain=value - now_value, escape=reach,
-                                 share=(value - now_value) / max(now_value, 1e-9))  # fmt: skip
+                                 share=share)  # fmt: skip
                 continue
             fc = self._forecast(settings, users, phys)
             cand = self._candidate(servers, settings, fc, lost, value - now_value, horizon_s)
@@ -372,9 +375,14 @@ class Planner:
             why = "`peak_concurrency`"
         else:
             why = "as the launched pool could; `peak_concurrency` names a lower peak"
+        gain = (
+            f"{held.share:+.1%} over the horizon"
+            if held.share is not None
+            else "a gain over the horizon, the interactive lane's shortfall counted"
+        )
         return (
             f"; the peak rule holds back {'/'.join(s.label for s in held.settings)} "
-            f"({held.share:+.1%} over the horizon): it could restart a server only under "
+            f"({gain}): it could restart a server only under "
             f"{held.escape:.0f} users, and the pool must stay able to under {floor:.0f} ({why})"
         )
 
