@@ -314,6 +314,16 @@ def simulate(
 ) -> Run:  # fmt: skip
     """One pool on one trace (the dynamic pool's table written for `table_for`, by default
     the trace itself)."""
+    sim = pool_sim(profile, pool, table_for or scenario, seed=seed, **kwargs)
+    result = sim.run(scenario, pool, scale)
+    return Run(result, sim.table, sum(sim.phantom) / len(sim.phantom) if sim.phantom else 0.0)
+
+
+def pool_sim(
+    profile: str, pool: str, table_for: Scenario, *, seed: int = 0, **kwargs: Any
+) -> VllmSim:
+    """`pool` as `simulate` runs it, not yet run (the dynamic pool's table written for
+    `table_for`)."""
     table: Table = ()
     if "-tuned" in pool:
         specs = tuned_pools(profile)
@@ -321,9 +331,14 @@ def simulate(
             raise SystemExit(f"{pool}: no vLLM tune of {profile} in {TUNED}")
         spec = specs[pool]
         if pool == "auto-dynamic-tuned":  # launch --allow-adaptive: tables from the start
-            kwargs["reconfigure"] = msgspec.structs.replace(
-                kwargs.get("reconfigure") or ReconfigureOptions(mode="auto"),
-                allow_adaptive=True)  # fmt: skip
+            # Options given here replace the pool's own, its prior's depths among them
+            # (`DepthSim`): `launch --prior --allow-adaptive` lets the planner use every
+            # depth the prior measured, as `auto-tuned` does. (Without them this pool ran at
+            # depths 0-3 until 2026-12-04.)
+            default = ReconfigureOptions(mode="auto")
+            given = kwargs.get("reconfigure") or msgspec.structs.replace(
+                default, allowed_steps=spec.allowed or default.allowed_steps)
+            kwargs["reconfigure"] = msgspec.structs.replace(given, allow_adaptive=True)
     elif pool in AUTO:
         spec = pools()["auto"]
         if AUTO[pool]:
@@ -333,15 +348,13 @@ def simulate(
         kwargs["direct"] = pool == "auto-direct"
         kwargs["sglang_lag"] = pool == "auto-sglang-lag"
     elif pool == "dynamic":
-        steps, table = operator_table(get_profile(profile), table_for or scenario)
+        steps, table = operator_table(get_profile(profile), table_for)
         spec = PoolSpec((Setting(steps=steps),) * 3, "least_loaded")
     elif pool == "mix-1-2-3-limits":
         spec, kwargs["limits"] = pools()["mix-1-2-3"], True
     else:
         spec = pools()[pool]
-    sim = VllmSim(profile, spec, table=table, seed=seed, **kwargs)
-    result = sim.run(scenario, pool, scale)
-    return Run(result, table, sum(sim.phantom) / len(sim.phantom) if sim.phantom else 0.0)
+    return VllmSim(profile, spec, table=table, seed=seed, **kwargs)
 
 
 def main() -> None:

@@ -117,6 +117,24 @@ def test_auto_tuned_is_what_launch_starts_from_the_vllm_tune_and_knows_only_its_
     assert bare.snapshot().estimates.depths == {}
 
 
+def test_auto_on_vllms_tables_may_use_every_depth_its_prior_measured(
+    vllm_pools: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `auto-dynamic-tuned`: `specroute launch --engine vllm --prior P.json --allow-adaptive`.
+    # Its planner may use the depths the tune measured (0-7), as `auto-tuned`'s does, and the
+    # tables besides; the evaluation once ran it at launch's default depths, 0-3.
+    spec = vllm_pools.tuned_pools(PROFILE)["auto-dynamic-tuned"]
+    assert main(["launch", "--emulate", "--engine", "vllm", "--dry-run", "--reconfigure", "auto",
+                 "--allow-adaptive", "--prior", str(spec.prior)]) == 0  # fmt: skip
+    assert f"# --allowed-steps {','.join(map(str, spec.allowed))}:" in capsys.readouterr().out
+    trace = scenario(tmp_path, [(3, 60.0, GREEDY)])
+    tables = vllm_pools.pool_sim(PROFILE, "auto-dynamic-tuned", trace).options
+    fixed = vllm_pools.pool_sim(PROFILE, "auto-tuned", trace).options
+    assert tables.allowed_steps == fixed.allowed_steps == spec.allowed == tuple(range(8))
+    assert tables.allow_adaptive
+    assert not fixed.allow_adaptive
+
+
 def test_a_pool_without_a_prior_learns_each_servers_limit_once_requests_wait(
     vllm_pools: ModuleType, tmp_path: Path
 ) -> None:
