@@ -337,7 +337,8 @@ def pool_sim(
             # depths 0-3 until 2026-12-04.)
             default = ReconfigureOptions(mode="auto")
             given = kwargs.get("reconfigure") or msgspec.structs.replace(
-                default, allowed_steps=spec.allowed or default.allowed_steps)
+                default, allowed_steps=spec.allowed or default.allowed_steps
+            )
             kwargs["reconfigure"] = msgspec.structs.replace(given, allow_adaptive=True)
     elif pool in AUTO:
         spec = pools()["auto"]
