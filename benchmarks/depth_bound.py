@@ -40,14 +40,13 @@ from pathlib import Path
 
 import msgspec
 from depth_pools import ROOT, PoolSpec, pools
-from depth_sim import BIN_S, SimResult, simulate
+from depth_sim import BIN_S, SimResult, launch_options, simulate
 from depth_verdict import HEADER, Verdict, forecast_errors, verdict
 
 from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
 from specroute.logs import configure_logging
-from specroute.reconfigure.loop import ReconfigureOptions
 
 PROFILES = ("seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape")
 TRACES = {
@@ -139,10 +138,7 @@ def _costs(job: Job) -> tuple[dict[str, object], str]:
     if spec.planner:  # `--startup`, `--drain`: what a restart costs auto (None: as launched)
         costs["startup_s"] = startup
         if drain is not None:
-            options = ReconfigureOptions(mode="auto", drain_s=drain)
-            if spec.allowed is not None:
-                options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
-            costs["reconfigure"] = options
+            costs["reconfigure"] = launch_options(spec, drain_s=drain)
     tag = f" {startup} {drain}" if spec.planner and (startup, drain) != (None, None) else ""
     return costs, tag
 

@@ -50,6 +50,17 @@ LAUNCH_LIMIT = SPECULATIVE_DEFAULT_MAX_RUNNING
 said to every server), as `launch.restarts.depth_loop` passes `options.running_limit`."""
 
 
+def launch_options(spec: PoolSpec, **given: object) -> ReconfigureOptions:
+    """`specroute launch --reconfigure auto`'s options for `spec` with the flags `given`: the
+    depths the pool's prior measured (`launch_depths`, `spec.allowed`) unless
+    `allowed_steps` is given, else launch's default. Every caller that sets an option goes
+    through here, so none drops the prior's depths by building its own."""
+    options = ReconfigureOptions(mode="auto", **given)  # type: ignore[arg-type]
+    if spec.allowed is not None and "allowed_steps" not in given:
+        options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
+    return options
+
+
 @dataclass
 class SimServer:
     """A server's configuration, where it is in a restart, and the proxy's hold on it."""
@@ -98,9 +109,7 @@ class DepthSim(PoolSim):
             self.telemetry = prior.telemetry()
             self.tuned_capacity = dict(prior.capacity)
         # Without a prior the proxy starts from nothing, as `specroute launch` without --prior.
-        options = reconfigure or ReconfigureOptions(mode="auto")
-        if spec.allowed is not None and reconfigure is None:
-            options = msgspec.structs.replace(options, allowed_steps=spec.allowed)
+        options = reconfigure or launch_options(spec)
         if planner:  # `--planner-option K=V`, as `specroute launch` takes them
             options = msgspec.structs.replace(options, planner={**options.planner, **planner})
         self.options = options if spec.planner else None
@@ -425,11 +434,10 @@ def main() -> None:
     configure_logging(args.log_level)  # by default the loop's plan lines would drown the table
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
-        allowed = pools(args.profile)[pool].allowed or ReconfigureOptions().allowed_steps
-        options = ReconfigureOptions(
-            mode="auto", allow_adaptive=args.allow_adaptive, min_dwell_s=args.min_dwell,
-            allowed_steps=allowed_steps(args.allowed_steps) if args.allowed_steps else allowed,
-            planner=planner_fields(args.planner_option),
+        given = {"allowed_steps": allowed_steps(args.allowed_steps)} if args.allowed_steps else {}
+        options = launch_options(
+            pools(args.profile)[pool], allow_adaptive=args.allow_adaptive,
+            min_dwell_s=args.min_dwell, planner=planner_fields(args.planner_option), **given,
         )  # fmt: skip
         r = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
                      manual=args.restart, startup_s=args.startup, reconfigure=options)  # fmt: skip

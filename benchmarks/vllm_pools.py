@@ -34,7 +34,7 @@ from typing import Any
 
 import msgspec
 from depth_pools import ROOT, PoolSpec, pools, tuned
-from depth_sim import DepthSim
+from depth_sim import DepthSim, launch_options
 from policy_sim import Node, Req
 from sim_results import SimResult
 from vllm_table import MAX_K, Table, operator_table
@@ -53,7 +53,6 @@ from specroute.policies import Outcome, PoolView
 from specroute.pool.engines import STREAM_FRAMING
 from specroute.pool.index import gauge_lag
 from specroute.pool.load import LoadMark, Share, headroom
-from specroute.reconfigure import ReconfigureOptions
 from specroute.reconfigure.options import add_planner_arguments, allowed_steps, planner_fields
 from specroute.wire import PoolSnapshot
 
@@ -331,20 +330,13 @@ def pool_sim(
             raise SystemExit(f"{pool}: no vLLM tune of {profile} in {TUNED}")
         spec = specs[pool]
         if pool == "auto-dynamic-tuned":  # launch --allow-adaptive: tables from the start
-            # Options given here replace the pool's own, its prior's depths among them
-            # (`DepthSim`): `launch --prior --allow-adaptive` lets the planner use every
-            # depth the prior measured, as `auto-tuned` does. (Without them this pool ran at
-            # depths 0-3 until 2026-12-04.)
-            default = ReconfigureOptions(mode="auto")
-            given = kwargs.get("reconfigure") or msgspec.structs.replace(
-                default, allowed_steps=spec.allowed or default.allowed_steps
-            )
+            given = kwargs.get("reconfigure") or launch_options(spec)
             kwargs["reconfigure"] = msgspec.structs.replace(given, allow_adaptive=True)
     elif pool in AUTO:
         spec = pools()["auto"]
         if AUTO[pool]:
             kwargs["reconfigure"] = msgspec.structs.replace(
-                kwargs.get("reconfigure") or ReconfigureOptions(mode="auto"),
+                kwargs.get("reconfigure") or launch_options(spec),
                 allowed_steps=allowed_steps(AUTO[pool]))  # fmt: skip
         kwargs["direct"] = pool == "auto-direct"
         kwargs["sglang_lag"] = pool == "auto-sglang-lag"
@@ -371,12 +363,10 @@ def main() -> None:
     configure_logging("warning")
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
-        spec = tuned_pools(args.profile).get(pool)
-        allowed = (spec.allowed if spec else None) or ReconfigureOptions().allowed_steps
-        options = ReconfigureOptions(
-            mode="auto", min_dwell_s=args.min_dwell, planner=planner_fields(args.planner_option),
-            allowed_steps=allowed_steps(args.allowed_steps) if args.allowed_steps else allowed,
-        )  # fmt: skip
+        spec = tuned_pools(args.profile).get(pool) or pools()["auto"]
+        given = {"allowed_steps": allowed_steps(args.allowed_steps)} if args.allowed_steps else {}
+        options = launch_options(spec, min_dwell_s=args.min_dwell,
+                                 planner=planner_fields(args.planner_option), **given)  # fmt: skip
         run = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
                        reconfigure=options)  # fmt: skip
         r = run.result

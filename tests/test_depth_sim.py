@@ -187,6 +187,25 @@ def test_the_evaluated_pool_is_what_launch_starts_from_the_tuned_prior(
     assert {k: (f.intercept_s, f.per_token_s) for k, f in shown.items()} == fits
 
 
+def test_a_flag_given_to_the_simulated_launch_keeps_the_depths_its_prior_measured(
+    depth_sim: ModuleType,
+) -> None:
+    # `launch --prior P --min-dwell 60` (or `depth_bound.py --drain 2`) still lets the planner
+    # use every depth P measured; only `--allowed-steps` replaces them.
+    profile = "costly-drafts"
+    spec = depth_sim.pools(profile)["auto"]
+    options = depth_sim.launch_options(spec, min_dwell_s=60.0)
+    assert options.min_dwell_s == 60.0
+    assert options.allowed_steps == spec.allowed == tuple(range(8))
+    assert (
+        depth_sim.DepthSim(profile, spec, reconfigure=options).options.allowed_steps == spec.allowed
+    )
+    given = depth_sim.launch_options(spec, allowed_steps=(0, 2))
+    assert given.allowed_steps == (0, 2)
+    untuned = depth_sim.pools()["auto"]  # no prior: launch's default depths
+    assert depth_sim.launch_options(untuned).allowed_steps == ReconfigureOptions().allowed_steps
+
+
 def test_depth_bound_prints_autos_own_figures_where_no_fixed_pool_ran(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
