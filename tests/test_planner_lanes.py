@@ -89,6 +89,23 @@ def test_what_the_peak_rule_holds_back_is_not_a_share_of_a_lane_short_objective(
     assert "%" not in note
 
 
+def test_a_plan_reads_a_lane_short_pool_in_tok_s_and_names_the_charge_apart() -> None:
+    # The same short lane: the plan's headline gave the pool's figure with the lane's charge
+    # taken off (`k1/k1/k1 -619 -> k1/k1/k7 682`), which reads as a negative tok/s. It now
+    # gives the pool's tok/s, and the charged figure the planner ranks by beside it.
+    planner, now = planner_after([(1800.0, {GREEDY: 3.0})])
+    planner.lanes = LaneDemand(share=1.0, target_tok_s=100.0, classes={GREEDY: 1.0})
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert plan.verdict == "reconfigure"
+    assert plan.current.value < 0 < plan.current.tok_s
+    assert plan.current.value + plan.current.lane_charge == pytest.approx(plan.current.tok_s)
+    headline = plan.reason.split(" at 3.0 users")[0]
+    assert headline == (
+        f"k1/k1/k1 {plan.current.tok_s:.0f} ({plan.current.value:.0f} with the lane's shortfall "
+        f"charged) -> k1/k1/k7 {plan.proposed.tok_s:.0f}"  # type: ignore[union-attr]
+    )
+
+
 def test_a_lane_already_served_leaves_the_plan_to_throughput() -> None:
     planner, now = planner_after([CROWDED])
     planner.lanes = LaneDemand(share=0.1, target_tok_s=30.0, classes={GREEDY: 1.0})

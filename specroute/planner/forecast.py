@@ -84,6 +84,9 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
     queued: float
     value: float
     servers: tuple[ServerForecast, ...]
+    lane_charge: float = 0.0
+    """What the interactive lane's shortfall took off `value` (`lanes.served_first`), by
+    which the planner ranks: the objective's own figure is `value + lane_charge`."""
 
 
 class Physics:

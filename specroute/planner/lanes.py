@@ -110,7 +110,7 @@ def served_first(
     if short <= 0:
         return fc
     penalty = short * demand.target_tok_s * sum(users.values())
-    return msgspec.structs.replace(fc, value=fc.value - penalty)
+    return msgspec.structs.replace(fc, value=fc.value - penalty, lane_charge=penalty)
 
 
 def lane_reason(

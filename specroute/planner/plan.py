@@ -608,7 +608,16 @@ def _assign(current: tuple[Setting, ...], combo: tuple[Setting, ...]) -> tuple[S
 def _numbers(now_fc: Forecast, c: _Candidate, regime: Regime, horizon: float, loads: int) -> str:
     seen = f" and {loads - 1} other loads seen" if loads > 1 else ""
     return (
-        f"{'/'.join(now_fc.settings)} {now_fc.value:.0f} -> {'/'.join(c.forecast.settings)} "
-        f"{c.forecast.value:.0f} at {regime.concurrency:.1f} users{seen}: gain "
-        f"{c.gain_tokens:.0f} over {horizon:.0f}s vs restart cost {c.cost:.0f}"
+        f"{_figure(now_fc)} -> {_figure(c.forecast)} at {regime.concurrency:.1f} "
+        f"users{seen}: gain {c.gain_tokens:.0f} over {horizon:.0f}s vs restart cost {c.cost:.0f}"
     )
+
+
+def _figure(fc: Forecast) -> str:
+    """A pool and its objective's figure (tok/s for `throughput`), and where the interactive
+    lane is short, what the planner ranks it by once that is charged: a pool's figure never
+    reads as a negative tok/s (`k1/k1/k1 -619`)."""
+    pool = f"{'/'.join(fc.settings)} {fc.value + fc.lane_charge:.0f}"
+    if fc.lane_charge <= 0:
+        return pool
+    return f"{pool} ({fc.value:.0f} with the lane's shortfall charged)"
