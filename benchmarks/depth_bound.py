@@ -47,6 +47,7 @@ from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import get_profile
 from specroute.logs import configure_logging
+from specroute.planner import Setting
 
 PROFILES = ("seed-qwen35-122b", "costly-drafts", "h200-qwen35-122b-shape")
 TRACES = {
@@ -189,11 +190,43 @@ def _numbered(job: tuple[int, Job, Path]) -> tuple[int, tuple[str, str, SimResul
     return job[0], _run(job[1], job[2])
 
 
-def _servers_changed(specs: dict[str, PoolSpec], a: str, b: str) -> int:
-    """Servers that restart to turn pool `a` into pool `b` (settings matched as multisets)."""
-    left = Counter(s.label for s in specs[a].settings)
-    right = Counter(s.label for s in specs[b].settings)
-    return sum((right - left).values())
+@dataclass(frozen=True)
+class Option:
+    """A pool one phase may run, and its aggregate tok/s there."""
+
+    name: str
+    settings: tuple[Setting, ...]
+    rate: float
+
+
+def best_sequence(
+    phases: list[tuple[str, float, float]], options: list[list[Option]], startup_s: float
+) -> tuple[list[float], list[Option]]:
+    """(tokens per phase, picks): the best sequence of `options`, one per phase, each switch
+    charged a restart: every server that changes (settings matched as multisets) is out for
+    one start-up, losing its share of the new pool's phase rate. Dynamic programming over the
+    phases, so a switch happens only where it pays."""
+
+    def gained(prev: Option | None, pick: Option, i: int) -> float:
+        _, start, end = phases[i]
+        tokens = pick.rate * (end - start)
+        if prev is None or prev.name == pick.name:
+            return tokens
+        left = Counter(s.label for s in prev.settings)
+        changed = sum((Counter(s.label for s in pick.settings) - left).values())
+        share = changed / len(pick.settings)
+        return tokens - min(share * tokens, share * startup_s * pick.rate)
+
+    best = {o.name: ([gained(None, o, 0)], [o]) for o in options[0]}
+    for i in range(1, len(phases)):
+        best = {
+            o.name: max(
+                (([*got, gained(path[-1], o, i)], [*path, o]) for got, path in best.values()),
+                key=lambda gp: sum(gp[0]),
+            )
+            for o in options[i]
+        }
+    return max(best.values(), key=lambda gp: sum(gp[0]))
 
 
 def bounded(specs: dict[str, PoolSpec], results: dict[str, SimResult]) -> list[str]:
@@ -206,41 +239,22 @@ def bounded(specs: dict[str, PoolSpec], results: dict[str, SimResult]) -> list[s
 def envelope(
     results: dict[str, SimResult], startup_s: float, specs: dict[str, PoolSpec]
 ) -> Envelope:
-    """The best sequence of alternative pools, one per phase, each switch charged a restart:
-    dynamic programming over the phases (so a switch happens only where it pays)."""
+    """The best sequence of alternative pools, one per phase, each switch charged a restart
+    (`best_sequence`)."""
     alternatives = bounded(specs, results)
     phases = results[alternatives[0]].phases
     rates = [{p: results[p].window(s, e) for p in alternatives} for _, s, e in phases]
-
-    def gained(prev: str | None, pool: str, i: int) -> float:
-        _, start, end = phases[i]
-        tokens = rates[i][pool][0] * (end - start)
-        if prev is None or prev == pool:
-            return tokens
-        share = _servers_changed(specs, prev, pool) / len(specs[pool].settings)
-        return tokens - min(share * tokens, share * startup_s * rates[i][pool][0])
-
-    best: dict[str, tuple[float, list[str]]] = {p: (gained(None, p, 0), [p]) for p in alternatives}
-    for i in range(1, len(phases)):
-        best = {
-            pool: max(
-                (
-                    (total + gained(path[-1], pool, i), [*path, pool])
-                    for total, path in best.values()
-                ),
-                key=lambda tp: tp[0],
-            )
-            for pool in alternatives
-        }
-    total, picks = max(best.values(), key=lambda tp: tp[0])
+    options = [[Option(p, specs[p].settings, rates[i][p][0]) for p in alternatives]
+               for i in range(len(phases))]  # fmt: skip
+    tokens, chosen = best_sequence(phases, options, startup_s)
+    picks = [o.name for o in chosen]
     cells: list[Cell] = []
     speeds: list[float] = []
     for i, pool in enumerate(picks):
         _, start, end = phases[i]
-        tokens = gained(picks[i - 1] if i else None, pool, i)
-        cells.append((tokens / (end - start), rates[i][pool][1], rates[i][pool][2]))
+        cells.append((tokens[i] / (end - start), rates[i][pool][1], rates[i][pool][2]))
         speeds += [v for t, v in results[pool].finished if start <= t < end]
-    whole = (total / phases[-1][2], mean(speeds) if speeds else 0.0,
+    whole = (sum(tokens) / phases[-1][2], mean(speeds) if speeds else 0.0,
              percentile(speeds, 10) if speeds else 0.0)  # fmt: skip
     switches = sum(a != b for a, b in itertools.pairwise(picks))
     return Envelope(picks, cells, whole, switches)

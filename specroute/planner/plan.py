@@ -45,7 +45,7 @@ class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Held(msgspec.Struct, frozen=True, kw_only=True):
-    """The best pool the peak rule excludes (`_escape_load` under the floor), for the reason."""
+    """The best pool the peak rule excludes (`escape_load` under the floor), for the reason."""
 
     settings: tuple[Setting, ...]
     gain: float
@@ -73,7 +73,7 @@ class Planner:
         """The slots of the pool at its first plan: the peak it was sized for."""
         self._launched_escape: float | None = None
         """The highest load under which the pool at its first plan could still restart a
-        server (`_escape_load`): no proposal is less reconfigurable than what was launched."""
+        server (`escape_load`): no proposal is less reconfigurable than what was launched."""
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
         self.overpromised: deque[tuple[float, Past]] = deque(maxlen=_ERRORS_KEPT)
@@ -101,7 +101,7 @@ class Planner:
         phys = Physics(est)
         if self._launched is None and all(s.setting.deepest in phys.depths for s in servers):
             self._launched = sum(phys.depths[s.setting.deepest].capacity for s in servers)
-            self._launched_escape = self._escape_load([s.setting for s in servers], phys)
+            self._launched_escape = self.escape_load([s.setting for s in servers], phys)
         now_fc = self._forecast([s.setting for s in servers], users, phys)
         why = _unsettled(regime, o.settle_s, users)
         if why:
@@ -274,7 +274,7 @@ class Planner:
             value = self._value(settings, loads, phys) - unseen * self._risk(settings, risks, phys)
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
-            reach = self._escape_load(settings, phys)
+            reach = self.escape_load(settings, phys)
             if reach < escape:
                 if held is None or value - now_value > held.gain:
                     share = (value - now_value) / now_value if now_value > 0 else None
@@ -417,7 +417,7 @@ class Planner:
             for change in left:
                 trial = list(moved)
                 trial[names.index(change.server)] = change.after
-                if self._escape_load(trial, phys) >= escape:
+                if self.escape_load(trial, phys) >= escape:
                     nxt = change
                     break
             left.remove(nxt)
@@ -427,7 +427,7 @@ class Planner:
 
     def _escape_floor(self, regime: Regime) -> float:
         """The load every proposed pool, and every pool on the way to it, must stay
-        reconfigurable at (`_escape_load`)."""
+        reconfigurable at (`escape_load`)."""
         o = self.options
         floor = (self._launched_escape or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         return max(floor, regime.peak_concurrency)
@@ -481,7 +481,7 @@ class Planner:
             cost=sum(c.cost_tokens for c in changes),
         )
 
-    def _escape_load(self, settings: Sequence[Setting], phys: Physics) -> float:
+    def escape_load(self, settings: Sequence[Setting], phys: Physics) -> float:
         """The highest load under which one server of `settings` can still restart while the
         others hold it (their admission limits); a pool at a load above it is stuck there
         under the capacity floor of `_startable`. New pools must stay escapable at the load

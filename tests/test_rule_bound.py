@@ -1,0 +1,77 @@
+"""The bound the peak rule leaves (`benchmarks/rule_bound.py`): the pools it tries are those
+the planner's rule allows; its envelope and `depth_bound`'s pick one pool a phase, each switch
+charged a restart (`depth_bound.best_sequence`)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from specroute.planner import Setting
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def rule_bound(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("rule_bound", None)
+    return importlib.import_module("rule_bound")
+
+
+@pytest.fixture
+def depth_bound(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module("depth_bound")
+
+
+def pool(*depths: int) -> tuple[Setting, ...]:
+    return tuple(Setting(steps=k) for k in depths)
+
+
+def test_on_a_quiet_trace_the_rule_allows_one_shallow_server_beside_two_deep(
+    rule_bound: ModuleType,
+) -> None:
+    # Three seed k3 servers were launched (68 users escapable): three k7 servers escape only
+    # under 40, so they are neither a fixed pool nor a mix the bound tries; k0/k7/k7 is.
+    (fixed,) = rule_bound.allowed_fixed("seed-qwen35-122b", "depth-quiet-3")
+    assert "k3" in fixed
+    assert "k7" not in fixed
+    assert "k4" not in fixed
+    (mixes,) = rule_bound.candidates("seed-qwen35-122b", "depth-quiet-3", 4)
+    assert mixes[0] == pool(0, 7, 7)
+    assert len(mixes) == 4
+    assert all(len(set(m)) > 1 for m in mixes)  # the fixed pools are measured whole
+
+
+def test_an_envelope_switches_only_where_a_restart_pays(depth_bound: ModuleType) -> None:
+    def option(settings: tuple[Setting, ...], rate: float, name: str) -> object:
+        return depth_bound.Option(name, settings, rate)
+
+    phases = [("quiet", 0.0, 1000.0), ("busy", 1000.0, 1010.0), ("quiet", 1010.0, 2010.0)]
+    shallow = option(pool(2, 2, 2), 100.0, "k2")
+    deep = option(pool(0, 7, 7), 120.0, "k0/k7/k7")
+    busy = option(pool(2, 2, 2), 400.0, "k2")
+    # A 10-second busy phase: three servers restarting for 100 s each way cost more than the
+    # busy phase gives on k2, so the deep pool is held through it.
+    tokens, picks = depth_bound.best_sequence(
+        phases,
+        [[shallow, deep], [busy, option(pool(0, 7, 7), 300.0, "k0/k7/k7")], [shallow, deep]],
+        startup_s=100.0,
+    )
+    assert [p.name for p in picks] == ["k0/k7/k7", "k0/k7/k7", "k0/k7/k7"]
+    assert tokens == pytest.approx([120.0 * 1000, 300.0 * 10, 120.0 * 1000])
+    # A long busy phase: the switch to k2 and back pays, each charged three start-ups.
+    long = [("quiet", 0.0, 5000.0), ("busy", 5000.0, 15000.0), ("quiet", 15000.0, 20000.0)]
+    tokens, picks = depth_bound.best_sequence(
+        long,
+        [[shallow, deep], [busy, option(pool(0, 7, 7), 300.0, "k0/k7/k7")], [shallow, deep]],
+        startup_s=100.0,
+    )
+    assert [p.name for p in picks] == ["k0/k7/k7", "k2", "k0/k7/k7"]
+    # every server changes, each way: three start-ups at the new pool's rate
+    assert tokens == pytest.approx([120.0 * 5000, 400.0 * (10000 - 100), 120.0 * (5000 - 100)])
