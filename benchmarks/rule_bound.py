@@ -21,7 +21,9 @@ auto`), its figure and its share of each bound's headroom are printed beside.
 
 Both envelopes are oracles: they know every phase in advance and pay no settle, confirm or
 drain time. The rule's is also a lower bound on what the rule allows, since only `--top`
-mixes are tried per phase.
+mixes are tried per phase. On traces of phases under eleven minutes, where `depth_bound`
+runs the fixed pools whole, a mix is still measured phase by phase from a fresh pool: it
+carries no requests over from the phase before.
 """
 
 from __future__ import annotations
