@@ -101,7 +101,7 @@ def _shares(scenario: Scenario, i: int, model: str) -> dict[str, float]:
     flight (a request's weight times its longest reply: the forecast picks candidates, the
     simulator measures them)."""
     shares: dict[str, float] = {}
-    for s in scenario.phases[i].mix:
+    for s in scenario.phases[i].mix or scenario.mix:  # a phase without one takes the trace's
         name = f"{model}:{'greedy' if is_greedy(s.temperature) else 'sampled'}"
         shares[name] = shares.get(name, 0.0) + s.weight * s.max_tokens
     total = sum(shares.values())

@@ -48,6 +48,16 @@ def test_on_a_quiet_trace_the_rule_allows_one_shallow_server_beside_two_deep(
     assert all(len(set(m)) > 1 for m in mixes)  # the fixed pools are measured whole
 
 
+def test_a_phase_without_a_mix_of_its_own_is_planned_for_the_traces(
+    rule_bound: ModuleType,
+) -> None:
+    # policy-eval's phases name no mix: they run the trace's (half greedy, half sampled), and
+    # the candidates are ranked for it (this crashed on the first run over policy-eval).
+    per_phase = rule_bound.candidates("seed-qwen35-122b", "policy-eval", 2)
+    assert len(per_phase) == 6
+    assert all(len(mixes) == 2 for mixes in per_phase)
+
+
 def test_an_envelope_switches_only_where_a_restart_pays(depth_bound: ModuleType) -> None:
     def option(settings: tuple[Setting, ...], rate: float, name: str) -> object:
         return depth_bound.Option(name, settings, rate)
