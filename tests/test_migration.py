@@ -56,7 +56,18 @@ def pool(
         args = ["serve", "--config", str(config), "--policy", "round_robin"]
         args += ["--backend", failing.url, "--backend", healthy.url]
         with run_server(args) as proxy:
+            both_healthy(proxy)
             yield proxy, healthy
+
+
+def both_healthy(proxy: Server) -> None:
+    """Wait (up to 10 s) until the proxy counts both backends healthy. Its /ready answers once
+    one is: on a loaded machine the failing backend's first check could come after the first
+    request, which then went to the healthy one and nothing had to move (a CI run, 2026-12-04)."""
+    deadline = time.monotonic() + 10
+    while httpx.get(proxy.url + "/ready").json().get("healthy_backends") != 2:
+        assert time.monotonic() < deadline, "the proxy never counted both backends healthy"
+        time.sleep(0.05)
 
 
 def client(server: Server) -> openai.OpenAI:
