@@ -62,8 +62,8 @@ def pool(
 
 def both_healthy(proxy: Server) -> None:
     """Wait (up to 10 s) until the proxy counts both backends healthy. Its /ready answers once
-    one is: on a loaded machine the failing backend's first check could come after the first
-    request, which then went to the healthy one and nothing had to move (a CI run, 2026-12-04)."""
+    one is, and a first request sent before the failing backend's first check goes to the
+    healthy one: nothing moves, and the test would fail for a reason it does not test."""
     deadline = time.monotonic() + 10
     while httpx.get(proxy.url + "/ready").json().get("healthy_backends") != 2:
         assert time.monotonic() < deadline, "the proxy never counted both backends healthy"
