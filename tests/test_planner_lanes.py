@@ -14,6 +14,7 @@ from specroute.planner import LaneDemand, Setting, at_target_slots, forecast, sh
 from specroute.planner.forecast import Physics
 from specroute.planner.lanes import MARGIN
 from specroute.reconfigure import Actuator, ReconfigureOptions, Reconfigurer
+from specroute.reconfigure.loop import summary
 from specroute.reconfigure.readings import LaneTraffic
 from specroute.wire import (
     HoldAnswer,
@@ -99,6 +100,8 @@ def test_a_plan_reads_a_lane_short_pool_in_tok_s_and_names_the_charge_apart() ->
     assert plan.verdict == "reconfigure"
     assert plan.current.value < 0 < plan.current.tok_s
     assert plan.current.value + plan.current.lane_charge == pytest.approx(plan.current.tok_s)
+    shown = summary(plan).current  # `GET /plan`: the charge beside the figure it lowered
+    assert (shown.value, shown.lane_charge) == (plan.current.value, plan.current.lane_charge)
     headline = plan.reason.split(" at 3.0 users")[0]
     assert headline == (
         f"k1/k1/k1 {plan.current.tok_s:.0f} ({plan.current.value:.0f} with the lane's shortfall "

@@ -217,8 +217,11 @@ class ForecastSummary(_Wire):
     settings: list[str]
     tok_s: float
     value: float
+    """What the planner ranks it by: the objective's figure less `lane_charge`."""
     per_request_tok_s: float = 0.0
     queued: float = 0.0
+    lane_charge: float = 0.0
+    """What the interactive lane's shortfall took off `value` (0 where the lane is served)."""
 
 
 class RegimeSummary(_Wire):
