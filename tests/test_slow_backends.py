@@ -328,3 +328,60 @@ def test_a_trickling_ready_marks_the_backend_unhealthy_at_the_first_probes_deadl
     the probe's deadline. A probe that waited out the body, or ended by a per-read timeout,
     would never end; a deadline counted as a plain failure would take three probes."""
     assert asyncio.run(_ready_goes_quiet()) == 1
+
+
+def _done_then_open(scripts: Backends) -> Callable[[bytes, Send], Awaitable[None]]:
+    """A whole answer, `[DONE]` included, from a backend that then keeps its reply open."""
+
+    async def handler(_: bytes, send: Send) -> None:
+        await send({**START, "headers": SSE})
+        for part in (_token("t"), b"data: [DONE]\n\n"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await scripts.gone.wait()
+
+    return handler
+
+
+async def _whole_then_slow_close(leave_at_done: bool) -> tuple[list[bytes], float, str, str]:
+    """One stream from `_done_then_open` behind a proxy with the default limits: the data lines
+    its client read, the seconds they took, the status the proxy recorded, and the backend's
+    state in /pool. With `leave_at_done` the client stops at `[DONE]`, as the openai client
+    does, and closes its connection while the proxy still waits for the backend's end."""
+    scripts = Backends()
+    async with (
+        Upstream(_done_then_open(scripts)).running() as slow,
+        inprocess.proxy({"slow": slow}) as (url, app),
+    ):
+        try:
+            started = time.monotonic()
+            lines: list[bytes] = []
+            async with (
+                httpx.AsyncClient(base_url=url, timeout=60) as client,
+                client.stream("POST", "/v1/chat/completions", json=_chat(True)) as reply,
+            ):
+                async for line in reply.aiter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line.encode())
+                    if leave_at_done and line == "data: [DONE]":
+                        break
+            took = time.monotonic() - started
+            requests = app.state.metrics.requests
+            await inprocess.until(lambda: bool(requests.values), "the request's record")
+            (labels,) = requests.values
+            state = (await _pool(url))["slow"]["state"]
+        finally:
+            scripts.gone.set()
+    return lines, took, labels[3], state
+
+
+@pytest.mark.parametrize("leave_at_done", [False, True])
+def test_a_whole_answer_from_a_backend_slow_to_close_is_whole_and_ok(leave_at_done: bool) -> None:
+    """`[DONE]` ends the answer: the client's stream ends soon after it with nothing appended
+    (no stall error), the request counts as a 200 even when its client leaves at `[DONE]`
+    before the backend closes (not as a 499, a client that left), and the backend stays
+    serving."""
+    lines, took, status, state = asyncio.run(_whole_then_slow_close(leave_at_done))
+    assert lines == [_token("t").strip(), b"data: [DONE]"]
+    assert took < 2.0  # the stall limit between events is 5 s by default: none waited out
+    assert status == "200"
+    assert state == "serving"

@@ -37,6 +37,11 @@ __all__ = ["Reply", "shutting_down"]
 
 Headers = list[tuple[bytes, bytes]]
 _TICK_S = 0.001  # a wait that ends this close to the limit has reached it
+_CLOSE_GRACE_S = 0.5
+"""How long a stream's last event (`[DONE]`, or an event API's last) waits for the backend's
+reply to end: SGLang and vLLM end it at once, and the upstream connection is then kept for
+the next request; a backend slower than this has its connection closed instead, and its
+client's reply ends without waiting (no stall, no error)."""
 
 
 def shutting_down() -> ServiceUnavailableError:
@@ -219,7 +224,7 @@ class Reply:
         wait, between = clock.first_wait(), clock.gap_wait()
         move = self.move_check
         while True:
-            if move is not None and move():
+            if move is not None and not relay.saw_done and move():
                 raise Moved("the backend is draining: the stream moves to another backend")
             try:
                 data = await upstream.next_chunk(wait)
@@ -238,11 +243,17 @@ class Reply:
                 watch.sending = False
                 watch.sent += len(out)
                 said = now
+                # The last event is out: the client has its whole answer, and its leaving now
+                # (as the openai client does on `[DONE]`) cancels nothing that is left to do.
+                if relay.saw_done:
+                    self.finished = True
             if relay.aborted:
                 raise BackendAborted("the backend aborted the request (finish_reason abort)")
             if relay.events != events:
-                heard, wait = now, between
+                heard, wait = now, (_CLOSE_GRACE_S if relay.saw_done else between)
                 continue
+            if relay.saw_done:  # whole, and the backend slow to close: no stall, no error
+                return
             wait, said = await self._quiet(relay, clock, heard, said)
             watch = self._watch
 
