@@ -29,6 +29,7 @@ carries no requests over from the phase before.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import itertools
 import multiprocessing
@@ -96,6 +97,12 @@ class Rule:
         return out
 
 
+@functools.cache
+def rule_of(profile: str) -> Rule:
+    """`profile`'s rule, built once per run: its start-up estimates take a simulated pool."""
+    return Rule(profile)
+
+
 def _shares(scenario: Scenario, i: int, model: str) -> dict[str, float]:
     """The phase's classes as the planner names them, by their share of the requests in
     flight (a request's weight times its longest reply: the forecast picks candidates, the
@@ -110,7 +117,7 @@ def _shares(scenario: Scenario, i: int, model: str) -> dict[str, float]:
 
 def candidates(profile: str, trace: str, top: int) -> list[list[tuple[Setting, ...]]]:
     """Per phase, the mixed pools the rule allows there that the forecast ranks best."""
-    rule = Rule(profile)
+    rule = rule_of(profile)
     scenario = load_scenario(TRACES[trace])
     model = next(iter(rule.phys.est.classes)).split(":")[0]
     out = []
@@ -129,7 +136,7 @@ def candidates(profile: str, trace: str, top: int) -> list[list[tuple[Setting, .
 
 def allowed_fixed(profile: str, trace: str) -> list[list[str]]:
     """Per phase, the pools that never restart (launched, k0..k7) the rule allows there."""
-    rule, specs = Rule(profile), pools(profile)
+    rule, specs = rule_of(profile), pools(profile)
     names = ["launched", *(f"k{k}" for k in rule.allowed)]
     floors = rule.floors(load_scenario(TRACES[trace]))
     return [[n for n in names if rule.escape(specs[n].settings) >= f] for f in floors]
