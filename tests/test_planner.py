@@ -18,8 +18,10 @@ from specroute.planner import (
     ServerState,
     Setting,
     forecast,
+    forecast_seen,
     user_counts,
 )
+from specroute.planner.forecast import Physics
 from specroute.policies import ClassEstimate
 from specroute.profile_format import Point, Target, depth_curves, fit_depths, fit_line
 from specroute.speculation import expected_tokens
@@ -314,11 +316,11 @@ def test_a_pool_on_its_way_to_its_target_is_never_stuck_half_way() -> None:
 
 
 def test_a_step_that_makes_room_is_not_begun_for_a_rest_that_would_not_pay_from_there() -> None:
-    # Ten minutes of a few users, the peak named 60: the target is a k1 server (to make room)
-    # and two k7, the k1 step first, gaining nothing on its own. Planned again from k1/k3/k7,
-    # the unseen load's charge and the bar count from there and the k7 step no longer pays:
-    # begun, the k1 restart would have been for nothing.
-    mix = {GREEDY: 5.6, SAMPLED: 2.4}
+    # Ten minutes of six greedy users, the peak named 60: the target is a k1 server (to make
+    # room) and two k7, the k1 step first, gaining nothing on its own. Planned again from
+    # k1/k3/k7, the unseen load's charge and the bar count from there and the k7 step no
+    # longer pays: begun, the k1 restart would have been for nothing.
+    mix = {GREEDY: 6.0}
     planner, now = planner_after([(600.0, mix)], peak_concurrency=60.0)
     plan = planner.plan(now, pool(3, 3, 7), estimates())
     assert plan.proposed is not None
@@ -418,6 +420,25 @@ def test_a_saturated_pool_runs_the_overall_class_mix_on_every_server() -> None:
     e7 = (est.accept_length(GREEDY, 7) + est.accept_length(SAMPLED, 7)) / 2
     t7 = est.depths[7].iteration_time(est.depths[7].capacity)
     assert full.servers[0].tok_s == pytest.approx(est.depths[7].capacity * e7 / t7)
+
+
+def test_a_deeper_pool_holds_fewer_users_in_flight_in_the_class_it_speeds_most() -> None:
+    """Closed-loop users whose requests mix greedy and sampled: a deeper server speeds greedy
+    requests more than sampled ones, so at any moment fewer of its users are in a greedy
+    request than on a shallow one. The forecast of a deep server from users seen in flight on
+    a shallow one counts them as the same mix of requests holds them there: each class in
+    flight as long as its tokens take."""
+    phys = Physics(estimates())
+    shallow, deep = [Setting(steps=1)], [Setting(steps=7)]
+    seen = {GREEDY: 6, SAMPLED: 4}  # 10 users, as many as the deep server's slots
+    fc = forecast_seen(deep, seen, shallow, phys)
+    # One server: a class's speed is its tokens per verify over the step time.
+    held = user_counts(10, {c: n * phys.e(c, 1) / phys.e(c, 7) for c, n in seen.items()})
+    assert held[GREEDY] < seen[GREEDY]
+    truth = sum(n * phys.e(c, 7) for c, n in held.items()) / phys.time(7, 10)
+    assert fc.tok_s == pytest.approx(truth)
+    assert forecast(deep, seen, phys).tok_s > 1.1 * truth  # the users' mix held: overstated
+    assert forecast_seen(shallow, seen, shallow, phys) == forecast(shallow, seen, phys)
 
 
 def test_forecast_places_users_where_the_policy_would_and_queues_past_capacity() -> None:

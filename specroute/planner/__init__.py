@@ -17,6 +17,8 @@ from specroute.planner.forecast import (
     Table,
     Tier,
     forecast,
+    forecast_seen,
+    held_under,
     user_counts,
 )
 from specroute.planner.lanes import LaneDemand, at_target_slots, served_first, shortfall
@@ -43,6 +45,8 @@ __all__ = [
     "Tier",
     "at_target_slots",
     "forecast",
+    "forecast_seen",
+    "held_under",
     "served_first",
     "shortfall",
     "user_counts",

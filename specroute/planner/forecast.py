@@ -26,6 +26,8 @@ __all__ = [
     "Table",
     "Tier",
     "forecast",
+    "forecast_seen",
+    "held_under",
     "user_counts",
 ]
 
@@ -87,6 +89,8 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
     lane_charge: float = 0.0
     """What the interactive lane's shortfall took off `value` (`lanes.served_first`), by
     which the planner ranks: the objective's own figure is `value + lane_charge`."""
+    class_speed: dict[str, float] = msgspec.field(default_factory=dict)
+    """Each class's mean per-request tok/s over the servers running it (`held_under`)."""
 
 
 class Physics:
@@ -191,6 +195,49 @@ def user_counts(concurrency: float, shares: Mapping[str, float]) -> dict[str, in
     return {c: n for c, n in counts.items() if n > 0}
 
 
+def forecast_seen(
+    settings: Sequence[Setting],
+    users: Mapping[str, int],
+    seen_on: Sequence[Setting],
+    phys: Physics,
+    objective: Objective = "throughput",
+    floor_tok_s: float = 0.0,
+    speeds: dict[tuple[tuple[str, int], ...], dict[str, float]] | None = None,
+) -> Forecast:
+    """`forecast` of `settings` for `users` seen in flight on the pool `seen_on`: where the
+    classes run at other speeds than there, the users in flight are what the same mix of
+    requests holds (`held_under`). `speeds` keeps each load's per-class speed on `seen_on`
+    between calls with the same `phys`."""
+    fc = forecast(settings, users, phys, objective, floor_tok_s)
+    if len(users) < 2 or not seen_on or tuple(settings) == tuple(seen_on):
+        return fc
+    key = tuple(sorted(users.items()))
+    seen = None if speeds is None else speeds.get(key)
+    if seen is None:
+        seen = forecast(seen_on, users, phys, objective).class_speed
+        if speeds is not None:
+            speeds[key] = seen
+    held = held_under(users, seen, fc.class_speed)
+    return fc if held == users else forecast(settings, held, phys, objective, floor_tok_s)
+
+
+def held_under(
+    users: Mapping[str, int], seen: Mapping[str, float], speed: Mapping[str, float]
+) -> dict[str, int]:
+    """The users in flight per class that `users`, seen in flight where each class ran at
+    `seen` tok/s per request, become where it runs at `speed`: the same total, each class's
+    share scaled by seen / speed. A closed-loop user's requests come in a mix of classes
+    that depth does not change; a request stays in flight as long as its tokens take, so a
+    class that a depth speeds up more (greedy, past the first draft) holds fewer of the
+    users in flight there. Holding the in-flight mix instead overstated a deep pool's tok/s
+    by up to a quarter on a mixed load (`benchmarks/forecast_mix.py`)."""
+    weights = {
+        c: n * seen[c] / speed[c] if seen.get(c, 0.0) > 0 and speed.get(c, 0.0) > 0 else n
+        for c, n in users.items()
+    }
+    return user_counts(sum(users.values()), weights)
+
+
 def _order(counts: Mapping[str, int]) -> list[str]:
     """Users' classes interleaved in proportion, as they would arrive."""
     spots = [((j + 0.5) / n, c) for c, n in counts.items() for j in range(n)]
@@ -236,10 +283,15 @@ def _summary(
 ) -> Forecast:
     out: list[ServerForecast] = []
     tok_s = good = 0.0
+    held: dict[str, float] = {}
+    made: dict[str, float] = {}
     for server in servers:
         k, thr, speeds = server.rates(server.counts) if server.counts else (0, 0.0, {})
         good += sum(n * v for c, n in server.counts.items() if (v := speeds[c]) >= floor_tok_s)
         tok_s += thr
+        for c, n in server.counts.items():
+            held[c] = held.get(c, 0.0) + n
+            made[c] = made.get(c, 0.0) + n * speeds[c]
         out.append(
             ServerForecast(
                 setting=server.setting.label,
@@ -263,6 +315,7 @@ def _summary(
         queued=queued,
         value=values[objective],
         servers=tuple(out),
+        class_speed={c: made[c] / n for c, n in held.items() if n > 0},
     )
 
 
@@ -281,10 +334,11 @@ def _between(placed: Forecast, blind: Forecast, w: float) -> Forecast:
         )
         for p, b in zip(placed.servers, blind.servers, strict=True)
     )
+    speeds = {c: mid(v, blind.class_speed.get(c, v)) for c, v in placed.class_speed.items()}
     return msgspec.structs.replace(
         placed, tok_s=mid(placed.tok_s, blind.tok_s), queued=mid(placed.queued, blind.queued),
         per_request_tok_s=mid(placed.per_request_tok_s, blind.per_request_tok_s),
-        value=mid(placed.value, blind.value), servers=servers,
+        value=mid(placed.value, blind.value), servers=servers, class_speed=speeds,
     )  # fmt: skip
 
 

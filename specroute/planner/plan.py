@@ -14,7 +14,13 @@ import msgspec
 
 from specroute.planner.decision import Change, Plan, PlannerOptions, ServerState
 from specroute.planner.estimates import Estimates
-from specroute.planner.forecast import Forecast, Physics, Setting, forecast, user_counts
+from specroute.planner.forecast import (
+    Forecast,
+    Physics,
+    Setting,
+    forecast_seen,
+    user_counts,
+)
 from specroute.planner.lanes import LaneDemand, lane_reason, served_first
 from specroute.planner.regime import Past, Regime, RegimeTracker
 from specroute.planner.tables import table_settings
@@ -83,6 +89,11 @@ class Planner:
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
         """The interactive lane's load and target, as last read: served first (`lanes`)."""
+        self._seen: tuple[tuple[Setting, ...], dict[tuple[tuple[str, int], ...], dict[str, float]]]
+        self._seen = ((), {})
+        """The pool the loads were seen on (the pool at this plan), and each load's per-class
+        speed there: a candidate's forecast holds the same mix of requests, not of users in
+        flight (`held_under`)."""
         fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
         adaptive = [Setting(steps=max(k for _, ks in t for k in ks), tiers=t) for t in o.adaptive]
         self.choices = (*fixed, *adaptive)
@@ -99,6 +110,7 @@ class Planner:
         regime = self.regimes.view(now)
         users = user_counts(regime.concurrency, regime.shares)
         phys = Physics(est)
+        self._seen = (tuple(s.setting for s in servers), {})
         if self._launched is None and all(s.setting.deepest in phys.depths for s in servers):
             self._launched = sum(phys.depths[s.setting.deepest].capacity for s in servers)
             self._launched_escape = self.escape_load([s.setting for s in servers], phys)
@@ -226,7 +238,9 @@ class Planner:
     def _forecast(
         self, settings: Sequence[Setting], users: Mapping[str, int], phys: Physics
     ) -> Forecast:
-        fc = forecast(settings, users, phys, self.options.objective, self.options.floor_tok_s)
+        o = self.options
+        pool, speeds = self._seen
+        fc = forecast_seen(settings, users, pool, phys, o.objective, o.floor_tok_s, speeds)
         return served_first(settings, fc, phys, self.lanes, users)
 
     def _search(
