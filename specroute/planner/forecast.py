@@ -230,7 +230,7 @@ def held_under(
     that depth does not change; a request stays in flight as long as its tokens take, so a
     class that a depth speeds up more (greedy, past the first draft) holds fewer of the
     users in flight there. Holding the in-flight mix instead overstated a deep pool's tok/s
-    by up to a quarter on a mixed load (`benchmarks/forecast_mix.py`)."""
+    by up to a third on a mixed load (`benchmarks/forecast_mix.py`)."""
     weights = {
         c: n * seen[c] / speed[c] if seen.get(c, 0.0) > 0 and speed.get(c, 0.0) > 0 else n
         for c, n in users.items()
