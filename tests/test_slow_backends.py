@@ -382,6 +382,6 @@ def test_a_whole_answer_from_a_backend_slow_to_close_is_whole_and_ok(leave_at_do
     serving."""
     lines, took, status, state = asyncio.run(_whole_then_slow_close(leave_at_done))
     assert lines == [_token("t").strip(), b"data: [DONE]"]
-    assert took < 2.0  # the stall limit between events is 5 s by default: none waited out
+    assert took < 4.0  # the stall limit between events is 5 s by default: none waited out
     assert status == "200"
     assert state == "serving"

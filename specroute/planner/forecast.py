@@ -214,7 +214,7 @@ def forecast_seen(
     key = tuple(sorted(users.items()))
     seen = None if speeds is None else speeds.get(key)
     if seen is None:
-        seen = forecast(seen_on, users, phys, objective).class_speed
+        seen = forecast(seen_on, users, phys, objective, floor_tok_s).class_speed
         if speeds is not None:
             speeds[key] = seen
     held = held_under(users, seen, fc.class_speed)
