@@ -330,26 +330,29 @@ def test_a_trickling_ready_marks_the_backend_unhealthy_at_the_first_probes_deadl
     assert asyncio.run(_ready_goes_quiet()) == 1
 
 
-def _done_then_open(scripts: Backends) -> Callable[[bytes, Send], Awaitable[None]]:
-    """A whole answer, `[DONE]` included, from a backend that then keeps its reply open."""
+def _done_then_open(scripts: Backends, after: bytes) -> Callable[[bytes, Send], Awaitable[None]]:
+    """A whole answer, `[DONE]` included, then `after`, from a backend that then keeps its
+    reply open."""
 
     async def handler(_: bytes, send: Send) -> None:
         await send({**START, "headers": SSE})
-        for part in (_token("t"), b"data: [DONE]\n\n"):
+        for part in (_token("t"), b"data: [DONE]\n\n", after):
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await scripts.gone.wait()
 
     return handler
 
 
-async def _whole_then_slow_close(leave_at_done: bool) -> tuple[list[bytes], float, str, str]:
+async def _whole_then_slow_close(
+    leave_at_done: bool, after: bytes = b""
+) -> tuple[list[bytes], float, str, str]:
     """One stream from `_done_then_open` behind a proxy with the default limits: the data lines
     its client read, the seconds they took, the status the proxy recorded, and the backend's
     state in /pool. With `leave_at_done` the client stops at `[DONE]`, as the openai client
     does, and closes its connection while the proxy still waits for the backend's end."""
     scripts = Backends()
     async with (
-        Upstream(_done_then_open(scripts)).running() as slow,
+        Upstream(_done_then_open(scripts, after)).running() as slow,
         inprocess.proxy({"slow": slow}) as (url, app),
     ):
         try:
@@ -385,3 +388,84 @@ def test_a_whole_answer_from_a_backend_slow_to_close_is_whole_and_ok(leave_at_do
     assert took < 4.0  # the stall limit between events is 5 s by default: none waited out
     assert status == "200"
     assert state == "serving"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [b"data: not json\n\n", b'data: {"choices": []}\n\n: comment\n\n', b"data: torn"],
+    ids=["garbage", "events", "unterminated"],
+)
+def test_nothing_a_backend_sends_after_done_reaches_the_client_or_fails_the_answer(
+    after: bytes,
+) -> None:
+    """Bytes after `[DONE]` (garbage, more events, a torn tail) are not the answer: the client
+    gets the answer and `[DONE]` only, with no error event appended, the request is a 200 and
+    the backend stays serving (it is not marked broken for what it sent after the end)."""
+    lines, took, status, state = asyncio.run(_whole_then_slow_close(False, after))
+    assert lines == [_token("t").strip(), b"data: [DONE]"]
+    assert took < 4.0
+    assert status == "200"
+    assert state == "serving"
+
+
+async def _drained_between_answer_and_done() -> tuple[list[bytes], str, str]:
+    """A stream on `a` whose backend is drained, past the drain's deadline, after its token and
+    before its `[DONE]`; `a` then keeps the reply open. The client's data lines, the status the
+    proxy recorded and the proxy's /metrics once the request is recorded."""
+    scripts = Backends()
+    go = asyncio.Event()
+
+    async def answer(_: bytes, send: Send) -> None:
+        await send({**START, "headers": SSE})
+        await send({"type": "http.response.body", "body": _token("t"), "more_body": True})
+        await go.wait()
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await scripts.gone.wait()
+
+    async with (
+        Upstream(answer).running() as a,
+        Upstream(answer).running() as b,
+        inprocess.proxy({"a": a, "b": b}, policy="round_robin", migration={"drain_s": 0.2}) as (
+            url,
+            app,
+        ),
+        httpx.AsyncClient(base_url=url, timeout=10) as client,
+    ):
+        try:
+            lines: list[bytes] = []
+            async with client.stream("POST", "/v1/chat/completions", json=_chat(True)) as reply:
+                async for line in reply.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    lines.append(line.encode())
+                    if len(lines) == 1:  # the token is out: drain its backend past the deadline
+                        name = reply.headers["x-specroute-backend"]
+                        state = {"state": "draining"}
+                        put = await client.put(
+                            f"/pool/backends/{name}/state", json=state, headers=inprocess.ADMIN
+                        )
+                        assert put.status_code == 200, put.text
+                        await asyncio.sleep(0.4)
+                        go.set()
+            requests = app.state.metrics.requests
+            await inprocess.until(lambda: bool(requests.values), "the request's record")
+            (labels,) = requests.values
+            metrics = (await client.get("/metrics")).text
+        finally:
+            scripts.gone.set()
+    return lines, labels[3], metrics
+
+
+def test_a_drain_does_not_move_a_stream_whose_last_event_is_out() -> None:
+    """A backend drained while its stream waits for `[DONE]`: the stream's answer is whole at
+    `[DONE]`, so it is not moved to another backend after it (no migration, nothing appended),
+    and the request is a 200."""
+    lines, status, metrics = asyncio.run(_drained_between_answer_and_done())
+    assert lines == [_token("t").strip(), b"data: [DONE]"]
+    assert status == "200"
+    moved = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("specroute_migrations_total{") and not line.endswith(" 0.0")
+    ]
+    assert moved == []

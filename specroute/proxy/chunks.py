@@ -118,7 +118,8 @@ class EventFilter:
     counts the complete events with data (comments prove nothing of the backend's progress);
     one growing past `max_event_bytes` unfinished is a BadReply. An event that says the backend
     aborted the request is not passed on, nor anything after it: `aborted` is set, and the
-    relay fails the stream."""
+    relay fails the stream. Nothing after the stream's last event (`saw_done`) is passed on or
+    read: the client has its whole answer, and garbage after it fails nothing."""
 
     __slots__ = (
         "_extras",
@@ -152,6 +153,8 @@ class EventFilter:
         what a stream that may move keeps (`proxy.continued.Tap`)."""
 
     def feed(self, data: bytes, now: float) -> bytes:
+        if self.saw_done:
+            return b""  # the answer is whole: what follows is not split, so cannot overflow
         try:
             events = self._splitter.feed(data)
         except EventTooLarge as exc:
@@ -160,16 +163,20 @@ class EventFilter:
         return b"".join(out) if len(out) != 1 else out[0]
 
     def rest(self) -> bytes:
-        """An unterminated tail at the end of the stream, passed on as it came."""
-        return self._splitter.rest()
+        """An unterminated tail at the end of the stream, passed on as it came (none after the
+        stream's last event)."""
+        tail = self._splitter.rest()
+        return b"" if self.saw_done else tail
 
     def error_tail(self, exc: SpecrouteError) -> bytes:
         """The stream's end on a failure: the error as one event, then `[DONE]`."""
         return error_event(exc)
 
     def _keep(self, payload: bytes | None, now: float) -> bool:
-        if self.aborted:
-            return False  # the stream failed at its abort: nothing after it goes on
+        if self.aborted or self.saw_done:
+            # The stream failed at its abort, or its answer is whole: nothing after either
+            # goes on, nor is read (garbage after `[DONE]` fails nothing).
+            return False
         if payload is None:
             return True  # comments, `event:` lines and other non-data events pass untouched
         self.events += 1

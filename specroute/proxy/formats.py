@@ -141,6 +141,8 @@ class ApiEventFilter(EventFilter):
         return held + super().rest()
 
     def _keep(self, payload: bytes | None, now: float) -> bool:
+        if self.saw_done:
+            return False  # after the terminal event: not the answer, neither relayed nor read
         if payload is None:
             return True
         self.events += 1
