@@ -57,6 +57,21 @@ def test_a_stream_broken_midway_ends_with_the_apis_own_error_event(api: str) -> 
         assert payloads[-1] == {"type": "message_stop"}
 
 
+RESPONSE_END = _named("response.completed", {"sequence_number": 3, "response": {"id": "resp_1"}})
+MESSAGE_END = _named("message_stop", {})
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_what_a_backend_sends_after_the_terminal_event_is_not_relayed(api: str) -> None:
+    """After `response.completed` or `message_stop` the answer is whole: garbage after it is
+    neither passed on nor turned into an error event."""
+    events = (
+        [*RESPONSE_START, RESPONSE_END] if api == "responses" else [*MESSAGE_START, MESSAGE_END]
+    )
+    text = asyncio.run(_through(api, stream_of([*events, b"data: not json\n\n", b"data: torn"])))
+    assert text == b"".join(events).decode()
+
+
 def test_the_official_clients_raise_on_those_error_events() -> None:
     import anthropic
     import openai
