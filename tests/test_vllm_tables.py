@@ -242,11 +242,11 @@ def test_replies_from_servers_that_teach_no_acceptance_still_count_in_the_class_
     assert loads["m:sampled"] == pytest.approx(9 * loads["m:greedy"])
 
 
-def test_once_a_reply_has_taught_acceptance_the_mix_follows_the_replies_that_taught() -> None:
-    # The split the virtual-time evaluation's figures were measured on (item 21's): a tick
-    # whose only replies came from servers that teach nothing (a depth-0 server, here) keeps
-    # the mix the teaching servers' replies gave; counting them moved eleven rows
-    # (benchmarks/results/depth-bound/auto-after-class-mix.md).
+def test_after_the_first_answer_every_reply_counts_in_the_mix_and_the_rate() -> None:
+    # Replies from servers that teach nothing (a depth-0 server here; a table or an adaptive
+    # server alike) are the pool's traffic and output: split by the replies that taught, a
+    # server moved onto a table took the greedy requests it sped out of the mix, and its
+    # output out of the rate its change was held to (5 tok/s on a pool running 290).
     def answer(sampled: tuple[int, int], greedy: tuple[int, int]) -> Any:
         snap = pool_answer({})
         snap.estimates.classes = {
@@ -259,5 +259,7 @@ def test_once_a_reply_has_taught_acceptance_the_mix_follows_the_replies_that_tau
     traffic.sample(answer((0, 0), (0, 0)))
     loads, _ = traffic.sample(answer((3, 3), (1, 1)))
     assert loads["m:sampled"] == pytest.approx(3 * loads["m:greedy"])
+    before = traffic.tokens
     loads, _ = traffic.sample(answer((3, 3), (1, 9)))  # eight greedy replies at depth 0
-    assert loads["m:sampled"] == pytest.approx(3 * loads["m:greedy"])
+    assert set(loads) == {"m:greedy"}  # this answer's replies, all greedy: they count
+    assert traffic.tokens - before == pytest.approx(8 * 100.0)

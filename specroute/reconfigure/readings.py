@@ -26,22 +26,23 @@ class Traffic:
     replies weighted by their mean length: by Little's law, what is in flight of a class is
     its rate times its duration.
 
-    The replies counted are those that taught acceptance (`samples`) once any has, and every
-    reply (`completions`) until then: a pool all on vLLM tables or SGLang-adaptive servers
-    teaches no accept length per depth, and split by `samples` it would plan for the prior's
-    class mix forever. Counting every reply always would be truer where a depth-0 server
-    serves part of a class; it also moves the first answers' mix (the prior's samples count
-    there) and with it the virtual-time evaluation's figures, which were measured on
-    `samples` (`docs/policy-evaluation.md`, "Rerun after the class-mix fix")."""
+    After the first answer every reply counts (`completions`). Servers on vLLM tables,
+    SGLang-adaptive or at depth 0 teach no accept length per depth, but their replies are the
+    traffic: split by the replies that taught acceptance (`samples`), as it was from item 21
+    on, a server moved onto a table took the greedy requests it sped out of the count, the mix
+    read sampled-heavy the moment it came up, a regime began, and the next plan moved it again
+    (five restarts in one quiet hour, `vllm_bound.py`, costly-drafts' depth-swing). The first
+    answer is split by `samples` where it has any: the prior's samples count there, as the
+    virtual-time evaluation was measured (`docs/policy-evaluation.md`, "Rerun after the
+    class-mix fix")."""
 
     def __init__(self) -> None:
         self._seen: dict[str, dict[str, int]] = {"samples": {}, "completions": {}}
         self.shares: dict[str, float] = {}
-        self._taught = False
-        """Whether a reply has taught acceptance since the first answer."""
         self.tokens = 0.0
-        """Tokens completed since the first sample (replies times their class's mean length,
-        counted as the split counts them): the realized rate that changes are held to."""
+        """Tokens completed since the first answer (every reply, times its class's mean
+        length): the realized rate that changes are held to. Counting only replies that
+        taught acceptance measured a change onto a table at 5 tok/s on a pool running 290."""
 
     def _fresh(
         self, pool: PoolSnapshot, counter: Literal["samples", "completions"]
@@ -63,8 +64,7 @@ class Traffic:
         first = not any(self._seen.values())
         taught = self._fresh(pool, "samples")
         replies = self._fresh(pool, "completions")
-        self._taught = self._taught or (bool(taught) and not first)
-        weights = (taught or replies) if first else taught if self._taught else replies
+        weights = (taught or replies) if first else replies
         weight = sum(weights.values())
         if not first:
             self.tokens += weight
