@@ -165,8 +165,7 @@ class EventFilter:
     def rest(self) -> bytes:
         """An unterminated tail at the end of the stream, passed on as it came (none after the
         stream's last event)."""
-        tail = self._splitter.rest()
-        return b"" if self.saw_done else tail
+        return b"" if self.saw_done else self._splitter.rest()
 
     def error_tail(self, exc: SpecrouteError) -> bytes:
         """The stream's end on a failure: the error as one event, then `[DONE]`."""
