@@ -2,7 +2,9 @@
 serve` with and without `[lanes]`, and closed-loop users whose requests are interactive
 (`service_tier: priority`; greedy code and chat at 0.3, up to 256 tokens) with probability
 `--share`, else batch (`flex`; sampled at 0.9, up to 768 tokens), through the phases of
-scenarios/policy-eval.toml (durations times `--duration-scale`). One run over every pool:
+scenarios/policy-eval.toml (durations times `--duration-scale`). On the pools without lanes
+requests name no `service_tier`, as `lanes_sim.py` runs them: the proxy reads it with or
+without `[lanes]`. One run over every pool:
 
     .venv/bin/python benchmarks/lanes_proxy.py --duration-scale 0.25
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from lanes_sim import where
 
 from specroute.bench.stats import percentile
 from specroute.children import free_port, spawn, stop_async, wait_ready
@@ -65,6 +68,8 @@ class Done:
     tokens: int
     speed: float | None
     end: float
+    backend: str | None = None
+    """The server that answered (`x-specroute-backend`)."""
 
 
 @dataclass
@@ -73,6 +78,10 @@ class Trace:
     phase: int = 0
     done: list[Done] = field(default_factory=list)
     errors: int = 0
+    tiers: bool = True
+    """Requests name their lane (`service_tier`). Off for the pools without lanes: the proxy
+    reads `service_tier` whatever its config (`priority` routes a request as interactive, to
+    its fastest server), so only requests that name no lane are routed and queued alike."""
 
 
 def _config(
@@ -94,26 +103,32 @@ async def _request(
     temperature, max_tokens = rng.choice(INTERACTIVE) if interactive else BATCH
     body = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "stream": True,
             "max_tokens": max_tokens, "temperature": temperature,
-            "stream_options": {"include_usage": True},
-            "service_tier": "priority" if interactive else "flex"}  # fmt: skip
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    if trace.tiers:
+        body["service_tier"] = "priority" if interactive else "flex"
     phase = trace.phase
     try:
-        first, tokens = await _stream(client, body)
+        first, tokens, backend = await _stream(client, body)
     except httpx.HTTPError:
         trace.errors += 1
         return
     end = time.perf_counter()
     timed = first is not None and tokens > 1 and end > first
     speed = (tokens - 1) / (end - first) if timed and first is not None else None
-    trace.done.append(Done("interactive" if interactive else "batch", phase, tokens, speed, end))
+    lane = "interactive" if interactive else "batch"
+    trace.done.append(Done(lane, phase, tokens, speed, end, backend))
 
 
-async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[float | None, int]:
-    """(when the first content arrived, completion tokens) of one streamed chat completion."""
+async def _stream(
+    client: httpx.AsyncClient, body: dict[str, Any]
+) -> tuple[float | None, int, str | None]:
+    """(when the first content arrived, completion tokens, the server that answered) of one
+    streamed chat completion."""
     first, tokens = None, 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
         if reply.status_code != 200:
             raise httpx.HTTPStatusError("not 200", request=reply.request, response=reply)
+        backend = reply.headers.get("x-specroute-backend")
         async for line in reply.aiter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -123,7 +138,7 @@ async def _stream(client: httpx.AsyncClient, body: dict[str, Any]) -> tuple[floa
                 first = time.perf_counter()
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return first, tokens
+    return first, tokens, backend
 
 
 async def _user(u: int, client: httpx.AsyncClient, trace: Trace, share: float, seed: int) -> None:
@@ -133,9 +148,9 @@ async def _user(u: int, client: httpx.AsyncClient, trace: Trace, share: float, s
 
 
 async def _drive(
-    url: str, phases: list[tuple[str, int, float]], share: float, seed: int
+    url: str, phases: list[tuple[str, int, float]], share: float, seed: int, tiers: bool
 ) -> tuple[Trace, float]:
-    trace = Trace()
+    trace = Trace(tiers=tiers)
     tasks: list[asyncio.Task[None]] = []
     limits = httpx.Limits(max_connections=128)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
@@ -168,7 +183,7 @@ async def one_pool(
         try:
             await wait_ready(url + "/ready", process=proxy, poll_s=0.2, name="the proxy")
             await asyncio.sleep(1.5)  # discovery of every backend
-            trace, wall = await _drive(url, phases, args.share, args.seed)
+            trace, wall = await _drive(url, phases, args.share, args.seed, pool.lanes)
             async with httpx.AsyncClient(timeout=10) as client:
                 lanes = (await client.get(url + "/pool")).json().get("lanes", {})
         finally:
@@ -208,6 +223,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", action="append", default=[])
     parser.add_argument("--out", default="/tmp/lanes-proxy")
+    parser.add_argument("--where", action="store_true",
+                        help="print where each phase's interactive requests ran")  # fmt: skip
     args = parser.parse_args()
     data = tomllib.loads(SCENARIO.read_text())
     phases = [(p["name"], p["concurrency"], p["duration"] * args.duration_scale)
@@ -225,6 +242,10 @@ def main() -> None:
             continue
         r = asyncio.run(one_pool(pool, args, phases, out))
         print(row(pool, r, len(phases), args), flush=True)
+        if args.where:
+            ran = [(d.phase, d.backend or "?") for d in r["trace"].done if d.lane == "interactive"]
+            by_server = where([n for n, _, _ in phases], ran)
+            print(f"   {pool.name}: interactive requests by server: {by_server}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import msgspec
 from depth_pools import ROOT, PoolSpec, pools
@@ -77,9 +78,11 @@ class LanesSim(DepthSim):
         self.asked: dict[int, float] = {}  # when a waiting user first found no room
         self.waits: dict[Lane, list[tuple[float, float]]] = {INTERACTIVE: [], BATCH: []}
         self.speeds: dict[Lane, list[tuple[float, float]]] = {INTERACTIVE: [], BATCH: []}
+        self.ran: list[tuple[float, str]] = []  # each interactive request: when, which server
 
     def _next(self, user: int) -> Draw:
         if user not in self.pending:
+            lane: Lane
             if self.rng.random() < self.share:
                 draw, lane = self.rng.choice(INTERACTIVE_DRAWS), INTERACTIVE
             else:
@@ -135,6 +138,8 @@ class LanesSim(DepthSim):
         if generated > 1 and len(req.times) > 1:
             speed = (generated - 1) / (req.times[-1] - req.times[0])
             self.speeds[req.lane].append((self.now, speed))
+        if req.lane == INTERACTIVE:
+            self.ran.append((self.now, self.nodes[req.backend].name))
 
     def snapshot(self) -> PoolSnapshot:
         """`/pool` with each lane's load, as the proxy's `LaneStats` reports it."""
@@ -165,6 +170,8 @@ class Run:
     speeds: dict[Lane, list[tuple[float, float]]]
     waits: dict[Lane, list[tuple[float, float]]]
     lanes: bool
+    ran: list[tuple[float, str]] = field(default_factory=list)
+    """Where each interactive request ran: (when it ended, the server)."""
 
     def interactive(self, start: float, end: float) -> list[float]:
         return [v for t, v in self.speeds[INTERACTIVE] if start <= t < end]
@@ -183,7 +190,7 @@ def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run
     sim = LanesSim(args.profile, spec, share=args.share, lanes=lanes, target=args.target,
                    reserve=args.reserve, seed=args.seed, reconfigure=options)  # fmt: skip
     result = sim.run(load_scenario(SCENARIO), name, args.scale)
-    return Run(name, result, sim.speeds, sim.waits, lanes)
+    return Run(name, result, sim.speeds, sim.waits, lanes, sim.ran)
 
 
 def configurations(mixes: list[str]) -> list[tuple[str, PoolSpec, bool]]:
@@ -241,6 +248,22 @@ def verdicts(runs: list[Run], target: float) -> list[str]:
     return lines
 
 
+def where(phases: list[str], ran: list[tuple[int, str]]) -> str:
+    """Each phase's interactive requests by the server they ran on (`ran`: phase index, server),
+    as shares: where the routing sent the lane."""
+    cells = []
+    for i, name in enumerate(phases):
+        counts = Counter(server for phase, server in ran if phase == i)
+        total = sum(counts.values())
+        shares = " ".join(f"{s} {n / total:.0%}" for s, n in sorted(counts.items()))
+        cells.append(f"{name} {shares or '-'}")
+    return "; ".join(cells)
+
+
+def _phase_of(phases: list[tuple[str, float, float]], t: float) -> int:
+    return next((i for i, (_, s, e) in enumerate(phases) if s <= t < e), len(phases) - 1)
+
+
 def _deep(name: str) -> bool:
     """The pools the issue calls deep: k3..k7 and the adaptive ones."""
     tail = name.removeprefix("3 x ")
@@ -266,6 +289,8 @@ def main() -> None:
         help=f"a mixed pool for lanes (first: the planner's start; {LANES_MIX})",
     )
     parser.add_argument("--only", action="append", default=[], help="pools whose name has this")
+    parser.add_argument("--where", action="store_true",
+                        help="print where each phase's interactive requests ran")  # fmt: skip
     args = parser.parse_args()
     configure_logging("warning")
     every = configurations(args.mix or [LANES_MIX])
@@ -278,6 +303,11 @@ def main() -> None:
         print(report(runs[-1:], args.target)[1], flush=True)  # its row, as it comes
     for line in report(runs, args.target):
         print(line)
+    for r in runs if args.where else ():
+        phases = r.result.phases
+        ran = [(_phase_of(phases, t), server) for t, server in r.ran]
+        print(f"   {r.name}: interactive requests by server: "
+              f"{where([n for n, _, _ in phases], ran)}")  # fmt: skip
     for r in runs:
         for x in r.result.restarts:
             print(f"   {r.name}: {x.began:6.0f}s {x.server} {x.before} -> {x.after}: {x.reason}")

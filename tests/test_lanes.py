@@ -39,6 +39,14 @@ def test_service_tier_names_the_lane(tier: str | None, lane: str) -> None:
     assert _resolver().resolve(b"Bearer sk-other", None, tier) == lane
 
 
+def test_without_a_lanes_section_only_a_request_naming_its_lane_leaves_batch() -> None:
+    """docs/operators.md: with no `[lanes]` the proxy still reads `service_tier`."""
+    unconfigured = load_config(environ={}).lanes
+    assert _resolver(unconfigured).resolve(None, None, None) == "batch"
+    assert _resolver(unconfigured).resolve(None, None, "priority") == "interactive"
+    assert _resolver(unconfigured).resolve(None, None, "default") == "batch"
+
+
 def test_auto_and_default_tiers_follow_the_config() -> None:
     lanes = LanesConfig(tier_default="interactive", default="batch")
     for tier in ("auto", "default"):
