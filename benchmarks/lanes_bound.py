@@ -33,14 +33,10 @@ from pathlib import Path
 import msgspec
 from depth_bound import SOURCES
 from depth_pools import ROOT, PoolSpec, pools
-from lanes_sim import SCENARIO, LanesSim, _deep, _median
+from lanes_sim import SCENARIO, _deep, _median, _nan_low, run
 
-from specroute.bench.stats import percentile
-from specroute.bench.trace import load_scenario
-from specroute.lanes import BATCH, INTERACTIVE
 from specroute.logs import configure_logging
 from specroute.planner import Setting
-from specroute.reconfigure import ReconfigureOptions
 
 CACHE = ROOT / "results" / "lanes-bound"
 DEPENDS = (*SOURCES, "benchmarks/lanes_sim.py", "specroute/lanes.py")
@@ -139,19 +135,13 @@ def _run(item: tuple[Job, Path, argparse.Namespace]) -> Summary:
     (name, pool, lanes, reserve), path, args = item
     if path.exists():
         return decode(path.read_bytes())
-    # Fixed depths only: the loop never runs (no planner), its options are lanes_sim's.
-    options = ReconfigureOptions(mode="auto", allowed_steps=tuple(range(MAX_K + 1)))
-    sim = LanesSim(args.profile, _spec(pool), share=args.share, lanes=lanes,
-                   target=args.target, reserve=reserve, seed=args.seed,
-                   reconfigure=options)  # fmt: skip
-    result = sim.run(load_scenario(SCENARIO), name, args.scale)
+    r = run(name, _spec(pool), lanes, argparse.Namespace(**{**vars(args), "reserve": reserve}))
     cells = []
-    for phase, start, end in result.phases:
-        speeds = [v for t, v in sim.speeds[INTERACTIVE] if start <= t < end]
+    for phase, start, end in r.result.phases:
+        speeds = r.interactive(start, end)
         met = sum(v >= args.target for v in speeds) / len(speeds) if speeds else math.nan
-        cells.append(Cell(phase, end - start, result.window(start, end)[0], _median(speeds), met))
-    waits = [w for _, w in sim.waits[BATCH]]
-    summary = Summary(name, lanes, cells, percentile(waits, 99) if waits else 0.0)
+        cells.append(Cell(phase, end - start, r.result.window(start, end)[0], _median(speeds), met))
+    summary = Summary(name, lanes, cells, r.batch_p99_wait())
     CACHE.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode(summary))
     return summary
@@ -172,7 +162,7 @@ def measure(args: argparse.Namespace) -> list[Summary]:
 
 
 class Phase(msgspec.Struct, frozen=True):
-    """What one phase asks of a lanes pool, and the best that meets it."""
+    """What one phase asks of a lanes pool."""
 
     name: str
     deep: str
@@ -188,15 +178,11 @@ def phases(runs: Sequence[Summary]) -> list[Phase]:
     best = max(alternatives, key=lambda r: r.aggregate)
     out = []
     for i, cell in enumerate(runs[0].cells):
-        fastest = max(deep, key=lambda r: _low(r.cells[i].median))
+        fastest = max(deep, key=lambda r: _nan_low(r.cells[i].median))
         reachable = any(r.cells[i].met >= MET for r in runs)
         out.append(Phase(cell.phase, fastest.name, fastest.cells[i].median, reachable,
                          best.cells[i].aggregate))  # fmt: skip
     return out
-
-
-def _low(v: float) -> float:
-    return -math.inf if math.isnan(v) else v
 
 
 def meets(cell: Cell, phase: Phase, ask: Ask = TARGETS) -> bool:
@@ -238,7 +224,7 @@ def _phase_row(runs: Sequence[Summary], i: int, phase: Phase, pick: Summary | No
         cell = pick.cells[i]
         top = f"{pick.name}: {cell.aggregate:.0f} tok/s, median {cell.median:.1f}"
         top += f", {cell.met:.0%} met"
-    fastest = max((r for r in runs if r.lanes), key=lambda r: _low(r.cells[i].median))
+    fastest = max((r for r in runs if r.lanes), key=lambda r: _nan_low(r.cells[i].median))
     quickest = f"{fastest.name} {fastest.cells[i].median:.1f}"
     reachable = "yes" if phase.met_reachable else "no"
     return f"| {phase.name} | {deep} | {quickest} | {reachable} | {meeting} | {top} | " \
