@@ -68,7 +68,7 @@ every phase is longer; `auto` always runs the whole trace."""
 CACHE = ROOT / "results" / "depth-sim"
 SOURCES = (
     "benchmarks/depth_sim.py", "benchmarks/depth_pools.py", "benchmarks/policy_sim.py",
-    "benchmarks/sim_proxy.py", "benchmarks/sim_results.py",
+    "benchmarks/sim_results.py",
     "examples/adaptive-capped-3.json",
     "specroute/emulator/engine.py", "specroute/emulator/profiles.py",
     "specroute/emulator/adaptive.py", "specroute/emulator/adaptive_config.py",
@@ -77,6 +77,10 @@ SOURCES = (
     "specroute/profile_format.py", "specroute/proxy/info.py",
 )  # fmt: skip
 """What a simulated run depends on; `auto` also depends on the depth loop and its contract."""
+LOOP = ("benchmarks/sim_proxy.py", "specroute/planner/*.py", "specroute/reconfigure/*.py",
+        "specroute/wire/*.py")  # fmt: skip
+"""What a run the depth loop plans depends on besides: the loop, its contract, and the
+simulated proxy it reads (a pool that never restarts never asks that proxy anything)."""
 Cell = tuple[float, float, float]
 Job = tuple[str, str, str, float, int, bool, float | None, float | None]
 """... with a restart's start-up and drain (`--startup`, `--drain`; None: profile, launch)."""
@@ -96,9 +100,8 @@ def _cache_path(
     """Runs are kept under results/ by a digest of everything they depend on."""
     digest = hashlib.sha256(f"{profile} {pool} {scale} {seed} {WARM_S} {SAMPLE_S}{costs}".encode())
     digest.update(TRACES[trace].read_bytes())
-    loop = ["specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py"]
     spec = pools(profile)[pool]
-    patterns = [*SOURCES, *(loop if spec.planner else [])]
+    patterns = [*SOURCES, *(LOOP if spec.planner else [])]
     for path in sorted(p for pattern in patterns for p in ROOT.glob(pattern)):
         digest.update(path.read_bytes())
     digest.update(repr(spec).encode())

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import msgspec
-from depth_bound import PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
+from depth_bound import LOOP, PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
 from depth_pools import ROOT, PoolSpec
 from sim_results import BIN_S, SimResult
 from vllm_pools import TUNED, Run, VllmSim, simulate, vllm_pools
@@ -36,7 +36,6 @@ from specroute.logs import configure_logging
 from specroute.planner import Setting
 
 CACHE = ROOT / "benchmarks" / "results" / "vllm-bound"
-LOOP = ("specroute/planner/*.py", "specroute/reconfigure/*.py", "specroute/wire/*.py")
 OWN = ("benchmarks/vllm_pools.py", "benchmarks/depth_bound.py", "specroute/pool/load.py",
        "specroute/pool/engines.py", "specroute/pool/index.py",
        "specroute/emulator/vllm_schedule.py", "specroute/batch_limit.py")  # fmt: skip
