@@ -21,10 +21,15 @@ LANE_WINDOW = 30
 
 
 class Traffic:
-    """Requests in flight per class, every replica's (each backend's combined load). The proxy
-    counts in flight per backend, not per class, so the total is split by the classes' recent
-    replies weighted by their mean length: by Little's law, what is in flight of a class is
-    its rate times its duration.
+    """Requests in flight per class, every replica's (each backend's combined load), split
+    by the classes' recent replies weighted by their mean length: each class's rate times its
+    length, where Little's law wants its rate times its duration. A class that a pool's depths
+    speed up more (greedy) holds fewer of the requests in flight than its share of the tokens:
+    on costly-drafts' temperature swing the mostly sampled regime reads 32% of its requests in
+    flight as greedy where about 17% are. The proxy counts its requests in flight per lane and
+    class (`/pool`'s `lanes`); splitting by that count instead was tried and not kept: the
+    forecasts came nearer, and twelve of the evaluation's 27 rows lost 0.2% to 13.5%, none
+    gained (`docs/policy-evaluation.md`, "The mix in flight, counted").
 
     After the first answer every reply counts (`completions`). Servers on vLLM tables,
     SGLang-adaptive or at depth 0 teach no accept length per depth, but their replies are the
@@ -34,7 +39,9 @@ class Traffic:
     (five restarts in one quiet hour, `vllm_bound.py`, costly-drafts' depth-swing). The first
     answer is split by `samples` where it has any: the prior's samples count there, as the
     virtual-time evaluation was measured (`docs/policy-evaluation.md`, "Rerun after the
-    class-mix fix")."""
+    class-mix fix"). Where the prior's mix is not the traffic's, the next answers' mix ends
+    the first regime a minute or two after launch, and with it the charge for load not seen
+    yet (the planner's cold-start caution) lapses ("The mix in flight, counted")."""
 
     def __init__(self) -> None:
         self._seen: dict[str, dict[str, int]] = {"samples": {}, "completions": {}}
