@@ -26,10 +26,11 @@ class Traffic:
     length, where Little's law wants its rate times its duration. A class that a pool's depths
     speed up more (greedy) holds fewer of the requests in flight than its share of the tokens:
     on costly-drafts' temperature swing the mostly sampled regime reads 32% of its requests in
-    flight as greedy where about 17% are. The proxy counts its requests in flight per lane and
-    class (`/pool`'s `lanes`); splitting by that count instead was tried and not kept: the
-    forecasts came nearer, and twelve of the evaluation's 27 rows lost 0.2% to 13.5%, none
-    gained (`docs/policy-evaluation.md`, "The mix in flight, counted").
+    flight as greedy where 22% are (`benchmarks/inflight_split.py`). The proxy counts its
+    requests in flight per lane and class (`/pool`'s `lanes`); splitting by that count
+    instead was tried and not kept: the forecasts came nearer, and twelve of the evaluation's
+    27 rows lost 0.2% to 13.5%, none gained (`docs/policy-evaluation.md`, "The mix in flight,
+    counted").
 
     After the first answer every reply counts (`completions`). Servers on vLLM tables,
     SGLang-adaptive or at depth 0 teach no accept length per depth, but their replies are the
