@@ -177,14 +177,22 @@ class Planner:
         band = statistics.median(max(0.0, e) for e in alike) if alike else 0.0
         return self.options.min_gain + self.regret + band
 
-    def account(self, realized_gain: float, forecast_gain: float | None = None) -> None:
+    def account(
+        self, realized_gain: float, forecast_gain: float | None = None, noise: float = 0.0
+    ) -> None:
         """A change's realized gain (its rate after over its rate before, less one, in the
         same regime, the current one: an account closes in the regime it began in) and the
         gain its plan forecast. One that fell short of `min_gain` raises the bar by
-        `min_gain` (up to `regret_cap`); one that paid lowers it by as much."""
+        `min_gain` (up to `regret_cap`); one that paid lowers it by as much.
+
+        The forecast's miss counts beyond `noise`, the realized gain's standard error: at a
+        few users a rate is a few dozen replies, whose count moves by chance, and a miss of
+        that size taken at face value raised the bar over the next change's gain."""
         o = self.options
         if forecast_gain is not None:
-            self.overpromised.append((forecast_gain - realized_gain, self.regimes.load))
+            miss = forecast_gain - realized_gain
+            beyond = math.copysign(max(0.0, abs(miss) - noise), miss)
+            self.overpromised.append((beyond, self.regimes.load))
         step = max(o.min_gain, 0.01)
         if realized_gain < o.min_gain:
             self.regret = min(o.regret_cap, self.regret + step)

@@ -4,7 +4,9 @@ passes the time and the tokens the pool has completed so far."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import statistics
 from collections import deque
 
 import msgspec
@@ -15,6 +17,8 @@ from specroute.wire import Account
 __all__ = ["Ledger"]
 
 _KEPT = 20
+_BATCHES = 4
+"""Sub-spans a rate's noise is read from (batch means)."""
 
 
 class _Open(msgspec.Struct, kw_only=True):
@@ -22,6 +26,7 @@ class _Open(msgspec.Struct, kw_only=True):
     begun: float
     regime_started: float
     before_tok_s: float
+    before_noise: float
     forecast_tok_s: float
     forecast_before_tok_s: float
     done: float | None = None
@@ -44,7 +49,12 @@ class Ledger:
     in. Read over the last window alone it came from a reply or two at a few users: on the
     seed's night-burst two users' long replies put a pool the model valued at 465 tok/s at 489,
     the change's realized gain fell 12 points under its forecast for that alone, and the bar
-    rose by as much (`docs/policy-evaluation.md`, "The rate before a change")."""
+    rose by as much (`docs/policy-evaluation.md`, "The rate before a change").
+
+    Each rate comes with its noise (`noise`): tokens are counted per reply, and at a few users
+    a span holds a few dozen replies whose count moves by chance. The realized gain's standard
+    error goes with it into the account, and the planner holds a forecast to a miss beyond
+    it, not to a few replies' chance (`Planner.account`)."""
 
     def __init__(self, *, window_s: float = 60.0, settle_s: float = 30.0, measure_s: float = 120.0):
         self.window_s = window_s
@@ -74,6 +84,22 @@ class Ledger:
         (t0, n0), (t1, n1) = inside[0], inside[-1]
         return (n1 - n0) / (t1 - t0)
 
+    def noise(self, start: float, end: float) -> float:
+        """The relative standard error of `rate(start, end)`, from the rates of `_BATCHES`
+        equal sub-spans (batch means: no model of how replies arrive). 0 where the span was
+        sampled too sparsely to cut, or completed nothing."""
+        inside = [(t, n) for t, n in self._samples if start <= t <= end]
+        if len(inside) < 2 * _BATCHES:
+            return 0.0
+        t0, t1 = inside[0][0], inside[-1][0]
+        step = (t1 - t0) / _BATCHES
+        cuts = [min(inside, key=lambda s: abs(s[0] - (t0 + i * step))) for i in range(_BATCHES + 1)]
+        rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(cuts) if b[0] > a[0]]
+        mean = (inside[-1][1] - inside[0][1]) / (t1 - t0)
+        if len(rates) < _BATCHES or mean <= 0:
+            return 0.0
+        return statistics.stdev(rates) / math.sqrt(len(rates)) / mean
+
     def begin(self, now: float, server: str, plan: Plan) -> None:
         """A change of `plan` begins on `server`: the rate now and the forecast it is held to.
         Changes begun earlier are measured up to now (`cut`); none is opened while another
@@ -89,6 +115,7 @@ class Ledger:
         if before is None or plan.expected is None:
             return
         self._open[server] = _Open(server=server, begun=now, before_tok_s=before,
+                                   before_noise=self.noise(start, now),
                                    regime_started=plan.regime.started_at,
                                    forecast_tok_s=plan.expected.tok_s,
                                    forecast_before_tok_s=plan.current.tok_s)  # fmt: skip
@@ -120,23 +147,29 @@ class Ledger:
                     note = "another change began before it was measured"
                     closed.append(self._account(change, None, note))
                 else:
-                    realized = self.rate(start, change.cut)
-                    closed.append(self._account(change, realized, "" if realized else "no samples"))
+                    closed.append(self._measured(change, start, change.cut))
             elif now >= end:
-                realized = self.rate(end - self.measure_s, end)
-                closed.append(self._account(change, realized, "" if realized else "no samples"))
+                closed.append(self._measured(change, end - self.measure_s, end))
             else:
                 continue
             del self._open[name]
         self.accounts = [*self.accounts, *closed][-_KEPT:]
         return closed
 
+    def _measured(self, change: _Open, start: float, end: float) -> Account:
+        """The account of `change`, its pool's rate measured over [start, end]."""
+        realized = self.rate(start, end)
+        noise = self.noise(start, end) if realized else 0.0
+        return self._account(change, realized, "" if realized else "no samples", noise)
+
     @staticmethod
-    def _account(change: _Open, realized: float | None, note: str) -> Account:
-        error = gain = None
+    def _account(change: _Open, realized: float | None, note: str, noise: float = 0.0) -> Account:
+        error = gain = spread = None
         if realized:
             error = (change.forecast_tok_s - realized) / realized
-            gain = realized / change.before_tok_s - 1 if change.before_tok_s > 0 else None
+        if realized and change.before_tok_s > 0:
+            gain = realized / change.before_tok_s - 1
+            spread = (1 + gain) * math.hypot(noise, change.before_noise)
         was = change.forecast_before_tok_s
         promised = change.forecast_tok_s / was - 1 if was > 0 else None
         return Account(
@@ -145,5 +178,6 @@ class Ledger:
             realized_tok_s=None if realized is None else round(realized, 1),
             forecast_error=None if error is None else round(error, 4),
             realized_gain=None if gain is None else round(gain, 4),
+            realized_gain_noise=None if spread is None else round(spread, 4),
             forecast_gain=None if promised is None else round(promised, 4), note=note,
         )  # fmt: skip

@@ -320,7 +320,8 @@ class Reconfigurer:
         """Close the accounts of changes that settled; each verdict moves the planner's bar."""
         for account in self.ledger.close(now, self.planner.regimes.view(now).started_at):
             if account.realized_gain is not None:
-                self.planner.account(account.realized_gain, account.forecast_gain)
+                self.planner.account(account.realized_gain, account.forecast_gain,
+                                     noise=account.realized_gain_noise or 0.0)  # fmt: skip
             log.info("change_accounted", **msgspec.structs.asdict(account),
                      bar=round(self.planner.bar, 4))  # fmt: skip
 

@@ -299,6 +299,10 @@ class Account(_Wire):
     """(forecast - realized) / realized."""
     realized_gain: float | None = None
     """(realized - before) / before."""
+    realized_gain_noise: float | None = None
+    """The realized gain's standard error: how much the rates before and after moved by
+    chance over their spans (batch means). A miss within it is not held against the
+    forecast (the planner's bar)."""
     forecast_gain: float | None = None
     """The gain the plan forecast: its forecast of the pool the change made over its forecast
     of the pool before, less one (the same model's two figures: a bias they share cancels)."""
