@@ -5,10 +5,14 @@ moved; a change that did not pay raises the bar the next one must clear."""
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 from test_planner import GREEDY, estimates, planner_after, pool
+from test_restart_times import IdleProxy
 
-from specroute.planner import Forecast, Plan, Regime
+from specroute.planner import Forecast, Plan, Regime, Setting
 from specroute.reconfigure.accounts import Ledger
+from specroute.reconfigure.actuator import Actuator
+from specroute.reconfigure.loop import ReconfigureOptions, Reconfigurer
 from specroute.wire import Account
 
 
@@ -185,3 +189,80 @@ def test_the_rate_before_a_change_is_of_its_own_regime() -> None:
     (account,) = ledger.close(500.0, regime_started=260.0)
     assert account.before_tok_s == pytest.approx(500.0, rel=0.05)
     assert account.realized_gain == pytest.approx(0.1, abs=0.02)
+
+
+def _replies(ledger: Ledger, gaps: list[float], start: float, end: float, tokens: float) -> float:
+    """Samples every 2 s of a pool whose replies of 1000 tokens each complete `gaps` apart
+    (cycled): a few users' rate, counted reply by reply. The tokens at `end`."""
+    done, i, t = start, 0, start
+    while t <= end:
+        while done + gaps[i % len(gaps)] <= t:
+            done += gaps[i % len(gaps)]
+            tokens += 1000.0
+            i += 1
+        ledger.sample(t, tokens)
+        t += 2.0
+    return tokens
+
+
+def _few_replies_account() -> Account:
+    """Two users' replies, every 10 s on average before a change (100 tok/s) and every 8 s
+    after it (125 tok/s), arriving unevenly; the change forecast at +29%."""
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _replies(ledger, [3.0, 17.0, 6.0, 14.0], 0.0, 120.0, 0.0)
+    ledger.begin(120.0, "b0", _plan(129.0, current_tok_s=100.0))
+    tokens = _replies(ledger, [20.0], 122.0, 200.0, tokens)
+    ledger.done(200.0, "b0", ok=True)
+    _replies(ledger, [2.0, 14.0, 5.0, 11.0], 202.0, 350.0, tokens)
+    (account,) = ledger.close(350.0, regime_started=0.0)
+    return account
+
+
+def test_a_rate_of_a_few_replies_is_held_to_account_with_its_noise() -> None:
+    account = _few_replies_account()
+    assert account.realized_gain is not None
+    assert account.forecast_gain is not None
+    assert account.realized_gain_noise is not None
+    miss = account.forecast_gain - account.realized_gain
+    assert 0.0 < miss < account.realized_gain_noise  # a miss a few replies' chance explains
+    # A pool completing tokens evenly reads no noise (the first test's account).
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _run(ledger, 1000.0, 0.0, 100.0, 0.0)
+    ledger.begin(100.0, "b0", _plan(1300.0, current_tok_s=1100.0))
+    ledger.done(200.0, "b0", ok=True)
+    _run(ledger, 1200.0, 102.0 + 100.0, 360.0, tokens + 80000.0)
+    (even,) = ledger.close(360.0, regime_started=0.0)
+    assert even.realized_gain_noise == 0.0
+
+
+def test_a_miss_counts_against_the_forecast_beyond_the_realized_gains_noise() -> None:
+    planner, _ = planner_after([(1200.0, {GREEDY: 2.0})])
+    planner.account(0.20, forecast_gain=0.24, noise=0.06)  # within the noise
+    assert planner.bar == planner.options.min_gain
+    planner, _ = planner_after([(1200.0, {GREEDY: 2.0})])
+    planner.account(0.05, forecast_gain=0.17, noise=0.02)  # 12 points over, 2 of them noise
+    assert planner.bar == pytest.approx(planner.options.min_gain + 0.10)
+
+
+def test_the_depth_loop_gives_the_planner_each_accounts_noise() -> None:
+    # Through `specroute launch`'s loop: the account it logs carries the realized gain's
+    # noise, and a miss inside it leaves the next change's bar at min_gain.
+    async def restart(name: str, setting: Setting) -> str | None:
+        return None
+
+    act = Actuator("auto", [("a", Setting(steps=1), 88.0), ("b", Setting(steps=3), 88.0)],
+                   clock=lambda: 0.0)  # fmt: skip
+    loop = Reconfigurer(ReconfigureOptions(mode="auto"), IdleProxy(), act, restart,
+                        limit=lambda k: 16)  # fmt: skip
+    loop.planner.observe(0.0, {GREEDY: 2.0})
+    ledger = loop.ledger
+    tokens = _replies(ledger, [3.0, 17.0, 6.0, 14.0], 0.0, 120.0, 0.0)
+    ledger.begin(120.0, "a", _plan(129.0, current_tok_s=100.0))
+    tokens = _replies(ledger, [20.0], 122.0, 200.0, tokens)
+    ledger.done(200.0, "a", ok=True)
+    _replies(ledger, [2.0, 14.0, 5.0, 11.0], 202.0, 350.0, tokens)
+    with capture_logs() as logs:
+        loop._settle_accounts(350.0)
+    (logged,) = [e for e in logs if e["event"] == "change_accounted"]
+    assert logged["realized_gain_noise"] == _few_replies_account().realized_gain_noise
+    assert loop.planner.bar == loop.planner.options.min_gain
