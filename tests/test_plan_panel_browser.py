@@ -14,7 +14,7 @@ from servers import Server, run_server
 from specroute.planner import Change, Forecast, Plan, Regime, Setting
 from specroute.reconfigure.actuator import Actuator
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer
-from specroute.wire import PlanDocument
+from specroute.wire import Account, PlanDocument
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -43,7 +43,7 @@ def _document() -> PlanDocument:
              for n, b in (("steps1", K1), ("steps2", K2))]  # fmt: skip
     reason = "k1/k2/k3 781 -> k3/k3/k3 971 at 2.0 users"
     plan = Plan(at=0.0, verdict="reconfigure", reason=reason, regime=regime, current=current,
-                changes=tuple(moves), start=tuple(moves))  # fmt: skip
+                changes=tuple(moves), start=tuple(moves), bar=0.043)  # fmt: skip
     act.admit(plan)
     act.drained("steps2")
     act.failed("steps2", "steps2 exited with status -9")
@@ -52,6 +52,13 @@ def _document() -> PlanDocument:
     loop = Reconfigurer(ReconfigureOptions(mode="auto"), ProxyLink("http://127.0.0.1:9", "k"),
                         act, _no_restart, limit=lambda k: 48)  # fmt: skip
     loop.plan = plan
+    loop.ledger.accounts = [
+        Account(at=-900.0, servers=["steps3"], before_tok_s=461.3, forecast_tok_s=579.4,
+                realized_tok_s=532.8, forecast_error=0.0875, realized_gain=0.155,
+                realized_gain_noise=0.0843, forecast_gain=0.2559),
+        Account(at=-300.0, servers=["steps1"], before_tok_s=700.0, forecast_tok_s=760.0,
+                forecast_gain=0.09, note="the regime changed before it settled"),
+    ]  # fmt: skip
     return loop.document()
 
 
@@ -78,6 +85,10 @@ def test_the_panel_shows_the_plan_each_servers_state_and_the_history(emulator: S
                     "#plan-servers tr", "rows => rows.map(r => r.innerText)"
                 )
                 history = page.text_content("#plan-history") or ""
+                accounts = page.eval_on_selector_all(
+                    "#plan-accounts tr", "rows => rows.map(r => r.innerText)"
+                )
+                bar = page.text_content("#plan-bar") or ""
             finally:
                 browser.close()
     assert "781 -> k3/k3/k3 971" in reason
@@ -88,6 +99,13 @@ def test_the_panel_shows_the_plan_each_servers_state_and_the_history(emulator: S
     assert "serving" in states["steps3"]
     assert "fell_back" in history
     assert "exited with status -9" in history
+    # Each change held to account, the latest first: forecast against realized, the realized
+    # gain with its noise; one with no verdict says why.
+    assert accounts[1].split("\t")[:6] == ["steps1", "700", "760", "\u2013", "+9.0%", "\u2013"]
+    assert "the regime changed before it settled" in accounts[1]
+    assert accounts[2].split("\t")[:6] == ["steps3", "461", "579", "533", "+25.6%",
+                                           "+15.5% \u00b1 8.4%"]  # fmt: skip
+    assert bar == "a change must gain +4.3%"
 
 
 def test_a_restarting_server_is_shown_moving_with_its_change_not_down(emulator: Server) -> None:
