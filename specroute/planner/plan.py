@@ -83,8 +83,9 @@ class Planner:
         self.regret = 0.0
         """What changes that did not pay added to the bar (`account`)."""
         self.overpromised: deque[tuple[float, Past]] = deque(maxlen=_ERRORS_KEPT)
-        """Forecast less realized gain of the latest changes that settled (`account`), each
-        with the load it settled under."""
+        """How far the forecast gains of the latest changes that settled (`account`) overshot
+        their realized gains beyond the noise (0 where they did not), each with the load it
+        settled under."""
         self._proposal: tuple[tuple[Setting, ...], float] | None = None
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
@@ -174,7 +175,7 @@ class Planner:
         users' short requests are over-promised by what the forecast leaves out, their
         prefills, which a busy pool's forecast does not share."""
         alike = [e for e, load in self.overpromised if self.regimes.alike(load)]
-        band = statistics.median(max(0.0, e) for e in alike) if alike else 0.0
+        band = statistics.median(alike) if alike else 0.0
         return self.options.min_gain + self.regret + band
 
     def account(
@@ -190,8 +191,7 @@ class Planner:
         that size taken at face value raised the bar over the next change's gain."""
         o = self.options
         if forecast_gain is not None:
-            miss = forecast_gain - realized_gain
-            beyond = math.copysign(max(0.0, abs(miss) - noise), miss)
+            beyond = max(0.0, forecast_gain - realized_gain - noise)
             self.overpromised.append((beyond, self.regimes.load))
         step = max(o.min_gain, 0.01)
         if realized_gain < o.min_gain:
