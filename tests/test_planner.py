@@ -486,6 +486,23 @@ def test_a_deeper_pool_holds_fewer_users_in_flight_in_the_class_it_speeds_most()
     assert forecast_seen(shallow, seen, shallow, phys) == forecast(shallow, seen, phys)
 
 
+def test_a_pool_holds_the_users_in_flight_that_the_tokens_mix_makes_there() -> None:
+    """The loop reads each class's share of the tokens from the replies, which no depth
+    changes; on every pool, the one it runs included, a class holds users in flight as long
+    as its tokens take there (Little's law)."""
+    phys = Physics(estimates())
+    for steps in (1, 7):
+        pool = [Setting(steps=steps)]
+        tokens = {GREEDY: 9.0, SAMPLED: 1.0}  # 10 users, 90% of the tokens greedy
+        weights = {c: n / phys.e(c, steps) for c, n in tokens.items()}
+        held = {c: 10 * w / sum(weights.values()) for c, w in weights.items()}
+        truth = sum(n * phys.e(c, steps) for c, n in held.items()) / phys.time(steps, 10)
+        assert forecast_seen(pool, tokens, (), phys).tok_s == pytest.approx(truth)
+        # taken as the users in flight, the tokens' mix overstates the faster class
+        overstated = forecast(pool, tokens, phys).tok_s / truth - 1
+        assert overstated > (0.1 if steps == 7 else 0.0)
+
+
 def test_forecast_places_users_where_the_policy_would_and_queues_past_capacity() -> None:
     est = estimates()
     quiet = forecast([Setting(steps=7), Setting(steps=1)], {GREEDY: 1}, est)

@@ -246,21 +246,19 @@ def forecast_seen(
     phys: Physics,
     objective: Objective = "throughput",
     floor_tok_s: float = 0.0,
-    speeds: dict[tuple[tuple[str, float], ...], dict[str, float]] | None = None,
 ) -> Forecast:
-    """`forecast` of `settings` for `users` seen in flight on the pool `seen_on`: where the
-    classes run at other speeds than there, the users in flight are what the same mix of
-    requests holds (`held_under`). `speeds` keeps each load's per-class speed on `seen_on`
-    between calls with the same `phys`."""
+    """`forecast` of `settings` for `users` seen in flight on the pool `seen_on`, or, with no
+    pool, for `users` split by each class's share of the tokens (what the loop reads from
+    the replies): where the classes run at other speeds than where the split was seen (at
+    one speed, for the tokens' split), the users in flight are what the same mix of
+    requests holds (`held_under`)."""
     fc = forecast(settings, users, phys, objective, floor_tok_s)
-    if len(users) < 2 or not seen_on or tuple(settings) == tuple(seen_on):
+    if len(users) < 2 or tuple(settings) == tuple(seen_on):
         return fc
-    key = tuple(sorted(users.items()))
-    seen = None if speeds is None else speeds.get(key)
-    if seen is None:
+    if seen_on:
         seen = forecast(seen_on, users, phys, objective, floor_tok_s).class_speed
-        if speeds is not None:
-            speeds[key] = seen
+    else:
+        seen = dict.fromkeys(users, 1.0)
     held = held_under(users, seen, fc.class_speed)
     return fc if held == users else forecast(settings, held, phys, objective, floor_tok_s)
 

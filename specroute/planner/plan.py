@@ -92,10 +92,6 @@ class Planner:
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
         """The interactive lane's load and target, as last read: served first (`lanes`)."""
-        self._seen: tuple[tuple[Setting, ...], dict[_Load, dict[str, float]]] = ((), {})
-        """The pool the loads were seen on (the pool at this plan), and each load's per-class
-        speed there: a candidate's forecast holds the same mix of requests, not of users in
-        flight (`held_under`)."""
         fixed = [Setting(steps=k) for k in range(o.max_steps + 1)]
         adaptive = [Setting(steps=max(k for _, ks in t for k in ks), tiers=t) for t in o.adaptive]
         self.choices = (*fixed, *adaptive)
@@ -112,7 +108,6 @@ class Planner:
         regime = self.regimes.view(now)
         users = user_split(regime.concurrency, regime.shares)
         phys = Physics(est)
-        self._seen = (tuple(s.setting for s in servers), {})
         if self._launched is None and all(s.setting.deepest in phys.depths for s in servers):
             self._launched = sum(phys.depths[s.setting.deepest].capacity for s in servers)
             self._launched_escape = self.escape_load([s.setting for s in servers], phys)
@@ -248,8 +243,7 @@ class Planner:
         self, settings: Sequence[Setting], users: Mapping[str, float], phys: Physics
     ) -> Forecast:
         o = self.options
-        pool, speeds = self._seen
-        fc = forecast_seen(settings, users, pool, phys, o.objective, o.floor_tok_s, speeds)
+        fc = forecast_seen(settings, users, (), phys, o.objective, o.floor_tok_s)
         return served_first(settings, fc, phys, self.lanes, users)
 
     def _search(
