@@ -1,12 +1,9 @@
 """How far the planner's forecast of each fixed pool lies from what the simulator measures that
-pool doing, phase by phase, four ways. From the users in flight that the launched pool shows:
-holding their mix (what the planner did before `held_under`), and holding the mix of requests
-(`forecast_seen` from the launched pool). From each class's share of the tokens, which is what
-the loop reads from the replies (`reconfigure.readings.Traffic`): taken as the users in flight
-on the launched pool (what the loop did before reading it so), and each pool's users in flight
-by Little's law (`forecast_seen` with no pool seen: what the loop does). A deeper pool finishes
-a greedy request sooner relative to a sampled one, so fewer of its users are in greedy
-requests at any moment; holding a mix of users in flight overstated deep pools on mixed loads.
+pool doing, phase by phase, two ways: holding the mix of users in flight that the launched pool
+shows (what the planner did before `held_under`), and holding the mix of requests
+(`forecast_seen`, what it does now). A deeper pool finishes a greedy request sooner relative to a
+sampled one, so fewer of its users are in greedy requests at any moment; holding the in-flight
+mix overstated deep pools on mixed loads.
 
     .venv/bin/python benchmarks/forecast_mix.py --profile h200-qwen35-122b-shape \\
         --trace depth-diurnal
@@ -15,11 +12,9 @@ The forecasts read the estimates the loop reads when it starts from the profile'
 (`rule_bound.Rule`). The users in flight on the launched pool are its phase's users split by
 each class's requests times their mean length over the class's tokens per verify at the
 launched depth, from the emulator profile itself (what the proxy would count on an unqueued
-pool); the tokens' shares, by each class's requests times their mean length. Users keep their
-fractions (`user_split`). The measured rates are `depth_bound.py`'s kept runs of three servers
-at one depth (run it first with the same `--profile`, `--trace` and `--pool k0` ... `--pool
-k7`); each phase's first five minutes are left out, as a regime settles before the planner
-acts on it.
+pool). The measured rates are `depth_bound.py`'s kept runs of three servers at one depth
+(run it first with the same `--profile`, `--trace` and `--pool k0` ... `--pool k7`); each
+phase's first five minutes are left out, as a regime settles before the planner acts on it.
 """
 
 from __future__ import annotations
@@ -39,12 +34,11 @@ from sim_results import SimResult
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.emulator.profiles import PROFILES as EMULATED
 from specroute.emulator.profiles import Profile, sampling_class
-from specroute.planner import Setting, forecast, forecast_seen, user_split
+from specroute.planner import Setting, forecast, forecast_seen, user_counts
 from specroute.speculation import is_greedy
 
 SETTLE_S = 300.0
 BIN_S = 5.0  # `SimResult.bins`: tokens per five seconds
-COLUMN = 25
 
 
 def mean_length(profile: Profile, max_tokens: int, ignore_eos: bool, draws: int = 4000) -> float:
@@ -59,21 +53,15 @@ def mean_length(profile: Profile, max_tokens: int, ignore_eos: bool, draws: int 
     )
 
 
-def in_flight(
-    profile: Profile, scenario: Scenario, i: int, depth: int | None, model: str
-) -> dict[str, float]:
-    """Phase `i`'s users in flight per class on servers at `depth`, as the proxy names them;
-    with no depth, split by each class's share of the tokens (what the loop reads from the
-    replies, `reconfigure.readings.Traffic`)."""
+def in_flight(profile: Profile, scenario: Scenario, i: int, depth: int, model: str) -> dict:
+    """Phase `i`'s users in flight per class on servers at `depth`, as the proxy names them."""
     shares: dict[str, float] = {}
     for s in scenario.phases[i].mix or scenario.mix:
         name = f"{model}:{'greedy' if is_greedy(s.temperature) else 'sampled'}"
-        tokens = (
-            1.0 if depth is None else profile.expected_tokens(sampling_class(s.temperature), depth)
-        )
+        tokens = profile.expected_tokens(sampling_class(s.temperature), depth)
         share = s.weight * mean_length(profile, s.max_tokens, s.ignore_eos) / tokens
         shares[name] = shares.get(name, 0.0) + share
-    return user_split(float(scenario.phases[i].concurrency), shares)
+    return user_counts(float(scenario.phases[i].concurrency), shares)
 
 
 def measured(profile: str, trace: str, pool: str, seed: int) -> SimResult:
@@ -103,18 +91,12 @@ def main() -> None:
             runs = {k: measured(profile, trace, f"k{k}", args.seed) for k in depths}
             labels = "/".join(s.label for s in launched)
             print(f"\n{profile} {trace}: forecast / measured - 1 in %, users seen on {labels}")
-            print(
-                "each cell: from the users in flight on the launched pool, their mix held / "
-                "the requests' mix held (forecast_seen); from each class's share of the "
-                "tokens, taken as the users in flight on the launched pool / each pool's users "
-                "in flight by Little's law (what the loop does)"
-            )
-            print("phase".ljust(14) + "".join(f"k{k}".rjust(COLUMN) for k in depths))
-            errors: dict[int, tuple[list[float], ...]] = {k: ([], [], [], []) for k in depths}
+            print("each cell: the users' mix held / the requests' mix held (forecast_seen)")
+            print("phase".ljust(14) + "".join(f"k{k}".rjust(13) for k in depths))
+            errors: dict[int, tuple[list[float], list[float]]] = {k: ([], []) for k in depths}
             start = 0.0
             for i, phase in enumerate(scenario.phases):
                 users = in_flight(emulated, scenario, i, launched[0].steps, model)
-                tokens = in_flight(emulated, scenario, i, None, model)
                 a, z = int((start + SETTLE_S) / BIN_S), int((start + phase.duration) / BIN_S)
                 start += phase.duration
                 if z <= a or not users:
@@ -125,20 +107,16 @@ def main() -> None:
                     real = sum(runs[k].bins[a:z]) / ((z - a) * BIN_S)
                     held = forecast(pool, users, rule.phys).tok_s / real - 1
                     seen = forecast_seen(pool, users, launched, rule.phys).tok_s / real - 1
-                    read = forecast_seen(pool, tokens, launched, rule.phys).tok_s / real - 1
-                    little = forecast_seen(pool, tokens, (), rule.phys).tok_s / real - 1
-                    cell = (held, seen, read, little)
-                    for e, x in zip(errors[k], cell, strict=True):
-                        e.append(abs(x))
-                    row += "/".join(f"{100 * x:+.1f}" for x in cell).rjust(COLUMN)
+                    errors[k][0].append(abs(held))
+                    errors[k][1].append(abs(seen))
+                    row += f"{100 * held:+.1f}/{100 * seen:+.1f}".rjust(13)
                 print(row)
             print("median |error|".ljust(14) + "".join(
-                "/".join(f"{100 * statistics.median(e):.1f}" for e in errs).rjust(COLUMN)
-                for errs in errors.values()
+                f"{100 * statistics.median(o):.1f}/{100 * statistics.median(n):.1f}".rjust(13)
+                for o, n in errors.values()
             ))  # fmt: skip
             print("largest".ljust(14) + "".join(
-                "/".join(f"{100 * max(e):.1f}" for e in errs).rjust(COLUMN)
-                for errs in errors.values()
+                f"{100 * max(o):.1f}/{100 * max(n):.1f}".rjust(13) for o, n in errors.values()
             ))  # fmt: skip
 
 

@@ -69,9 +69,7 @@ def test_the_planner_gives_up_a_little_throughput_to_serve_the_interactive_lane(
     planner.lanes = FAST_CHAT
     plan = planner.plan(now, pool(0, 1, 4), estimates())
     assert plan.verdict == "reconfigure"
-    (change,) = plan.changes  # the k4 server deeper, as deep as the lane's target needs
-    assert change.server == "b2"
-    assert change.after.steps > 4
+    assert [(c.server, c.after.steps) for c in plan.changes] == [("b2", 7)]
     assert plan.proposed is not None
     assert plan.proposed.tok_s < plan.current.tok_s  # throughput second
     restart_s = 60.0 + planner.options.drain_s

@@ -23,16 +23,14 @@ LANE_WINDOW = 30
 class Traffic:
     """Requests in flight per class, every replica's (each backend's combined load), split
     by the classes' recent replies weighted by their mean length: each class's rate times its
-    length, its share of the tokens, which no depth changes. The planner turns it into each
-    pool's users in flight by Little's law (rate times duration, `forecast_seen` with no pool
-    seen): a class that a pool's depths speed up more (greedy) holds fewer of the requests in
-    flight than its share of the tokens (on costly-drafts' temperature swing the mostly
-    sampled regime holds 22% of its requests in flight in greedy ones, 32% of its tokens,
-    `benchmarks/inflight_split.py`). The proxy counts its requests in flight per lane and
-    class (`/pool`'s `lanes`); splitting by that count instead was tried and not kept: it
-    moves with the pool (a restart moves the mix, and with it the regime), and twelve of the
-    evaluation's 27 rows lost 0.2% to 13.5%, none gained (`docs/policy-evaluation.md`, "The
-    mix in flight, counted").
+    length, where Little's law wants its rate times its duration. A class that a pool's depths
+    speed up more (greedy) holds fewer of the requests in flight than its share of the tokens:
+    on costly-drafts' temperature swing the mostly sampled regime reads 32% of its requests in
+    flight as greedy where 22% are (`benchmarks/inflight_split.py`). The proxy counts its
+    requests in flight per lane and class (`/pool`'s `lanes`); splitting by that count
+    instead was tried and not kept: the forecasts came nearer, and twelve of the evaluation's
+    27 rows lost 0.2% to 13.5%, none gained (`docs/policy-evaluation.md`, "The mix in flight,
+    counted").
 
     After the first answer every reply counts (`completions`). Servers on vLLM tables,
     SGLang-adaptive or at depth 0 teach no accept length per depth, but their replies are the
