@@ -433,7 +433,8 @@ def test_a_deeper_pool_holds_fewer_users_in_flight_in_the_class_it_speeds_most()
     seen = {GREEDY: 6, SAMPLED: 4}  # 10 users, as many as the deep server's slots
     fc = forecast_seen(deep, seen, shallow, phys)
     # One server: a class's speed is its tokens per verify over the step time.
-    held = user_counts(10, {c: n * phys.e(c, 1) / phys.e(c, 7) for c, n in seen.items()})
+    weights = {c: n * phys.e(c, 1) / phys.e(c, 7) for c, n in seen.items()}
+    held = {c: 10 * w / sum(weights.values()) for c, w in weights.items()}
     assert held[GREEDY] < seen[GREEDY]
     truth = sum(n * phys.e(c, 7) for c, n in held.items()) / phys.time(7, 10)
     assert fc.tok_s == pytest.approx(truth)

@@ -20,6 +20,7 @@ from specroute.planner.forecast import (
     forecast_seen,
     held_under,
     user_counts,
+    user_split,
 )
 from specroute.planner.lanes import LaneDemand, at_target_slots, served_first, shortfall
 from specroute.planner.plan import Planner
@@ -50,4 +51,5 @@ __all__ = [
     "served_first",
     "shortfall",
     "user_counts",
+    "user_split",
 ]

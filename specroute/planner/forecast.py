@@ -8,8 +8,9 @@ slots are plenty; once nearly all are taken, no routing can sort, and neither do
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -29,10 +30,13 @@ __all__ = [
     "forecast_seen",
     "held_under",
     "user_counts",
+    "user_split",
 ]
 
 Objective = Literal["throughput", "latency", "goodput"]
 SORTING_LIMIT = 0.8
+_WHOLE = 1e-9
+"""Parts of a user below this are none."""
 """Occupancy (users over slots) up to which routing places each class where it gains most."""
 Tier = tuple[int, tuple[int, ...]]
 """(smallest batch size of the tier, candidate depths): SGLang's adaptive configuration."""
@@ -102,6 +106,8 @@ class Physics:
         self.depths = est.depths
         self._e: dict[tuple[str, int], float] = {}
         self._curves: dict[str, Curve] = {}
+        self.whole: dict[tuple[object, ...], Forecast] = {}
+        """Forecasts of whole users, kept: the mixes of fractional users recur (`forecast`)."""
 
     def e(self, klass: str, steps: int) -> float:
         key = (klass, steps)
@@ -181,6 +187,44 @@ class _Server:
         self.tok_s = self.rates(self.counts)[1]
 
 
+def user_split(concurrency: float, shares: Mapping[str, float]) -> dict[str, float]:
+    """`concurrency` users (rounded to whole users) split by `shares`, each class's part
+    kept exact: at two users a tenth of the requests in a slow class holds a fifth of the
+    time, which rounding to whole users hid (`forecast` weighs the whole-user mixes)."""
+    users = round(concurrency)
+    total = sum(shares.values())
+    if users <= 0 or total <= 0:
+        return {}
+    return {c: users * s / total for c, s in sorted(shares.items()) if s > 0}
+
+
+def compositions(users: Mapping[str, float]) -> list[tuple[float, dict[str, int]]]:
+    """(weight, whole users per class) whose weighted mean is `users`: each class keeps its
+    whole users and its fraction of one more is the weight of the mixes where it has it
+    (systematic rounding over the classes in name order). Whole users give one mix."""
+    floors = {c: math.floor(x + _WHOLE) for c, x in users.items()}
+    parts = {c: max(0.0, x - floors[c]) for c, x in users.items()}
+    if all(r < _WHOLE for r in parts.values()):
+        return [(1.0, {c: n for c, n in floors.items() if n > 0})]
+    ends: list[tuple[str, float, float]] = []
+    edge = 0.0
+    for c in sorted(parts):
+        ends.append((c, edge, edge + parts[c]))
+        edge += parts[c]
+    cuts = sorted({0.0, 1.0, *(e % 1.0 for _, _, e in ends)})
+    merged: dict[tuple[tuple[str, int], ...], float] = {}
+    for lo, hi in itertools.pairwise(cuts):
+        if hi - lo < _WHOLE:
+            continue
+        u = (lo + hi) / 2
+        mix = dict(floors)
+        for c, a, b in ends:
+            mix[c] += math.ceil(b - u) - math.ceil(a - u)
+        key = tuple(sorted((c, n) for c, n in mix.items() if n > 0))
+        merged[key] = merged.get(key, 0.0) + hi - lo
+    return [(w, dict(k)) for k, w in merged.items()]
+
+
 def user_counts(concurrency: float, shares: Mapping[str, float]) -> dict[str, int]:
     """Whole users per class for `concurrency` users split by `shares` (largest remainder)."""
     users = round(concurrency)
@@ -197,12 +241,12 @@ def user_counts(concurrency: float, shares: Mapping[str, float]) -> dict[str, in
 
 def forecast_seen(
     settings: Sequence[Setting],
-    users: Mapping[str, int],
+    users: Mapping[str, float],
     seen_on: Sequence[Setting],
     phys: Physics,
     objective: Objective = "throughput",
     floor_tok_s: float = 0.0,
-    speeds: dict[tuple[tuple[str, int], ...], dict[str, float]] | None = None,
+    speeds: dict[tuple[tuple[str, float], ...], dict[str, float]] | None = None,
 ) -> Forecast:
     """`forecast` of `settings` for `users` seen in flight on the pool `seen_on`: where the
     classes run at other speeds than there, the users in flight are what the same mix of
@@ -222,8 +266,8 @@ def forecast_seen(
 
 
 def held_under(
-    users: Mapping[str, int], seen: Mapping[str, float], speed: Mapping[str, float]
-) -> dict[str, int]:
+    users: Mapping[str, float], seen: Mapping[str, float], speed: Mapping[str, float]
+) -> dict[str, float]:
     """The users in flight per class that `users`, seen in flight where each class ran at
     `seen` tok/s per request, become where it runs at `speed`: the same total, each class's
     share scaled by seen / speed. A closed-loop user's requests come in a mix of classes
@@ -235,7 +279,8 @@ def held_under(
         c: n * seen[c] / speed[c] if seen.get(c, 0.0) > 0 and speed.get(c, 0.0) > 0 else n
         for c, n in users.items()
     }
-    return user_counts(sum(users.values()), weights)
+    total, weight = sum(users.values()), sum(weights.values())
+    return {c: total * w / weight for c, w in weights.items()} if weight > 0 else dict(users)
 
 
 def _order(counts: Mapping[str, int]) -> list[str]:
@@ -319,32 +364,41 @@ def _summary(
     )
 
 
-def _between(placed: Forecast, blind: Forecast, w: float) -> Forecast:
-    """`placed` moved a fraction `w` of the way to `blind`."""
+def _mean(parts: Sequence[tuple[float, Forecast]]) -> Forecast:
+    """The forecasts weighed together (weights summing to 1); each server's depth, the
+    heaviest's; each class's speed, over the forecasts that run it."""
+    heaviest = max(parts, key=lambda p: p[0])[1]
 
-    def mid(a: float, b: float) -> float:
-        return a + w * (b - a)
+    def mean(get: Callable[[Forecast], float]) -> float:
+        return sum(w * get(fc) for w, fc in parts)
 
-    servers = tuple(
-        msgspec.structs.replace(
-            p,
-            running=mid(p.running, b.running),
-            tok_s=mid(p.tok_s, b.tok_s),
-            per_request_tok_s=mid(p.per_request_tok_s, b.per_request_tok_s),
-        )
-        for p, b in zip(placed.servers, blind.servers, strict=True)
-    )
-    speeds = {c: mid(v, blind.class_speed.get(c, v)) for c, v in placed.class_speed.items()}
+    def server(i: int) -> ServerForecast:
+        def at(get: Callable[[ServerForecast], float]) -> float:
+            return sum(w * get(fc.servers[i]) for w, fc in parts)
+
+        return msgspec.structs.replace(
+            heaviest.servers[i], running=at(lambda s: s.running), tok_s=at(lambda s: s.tok_s),
+            per_request_tok_s=at(lambda s: s.per_request_tok_s),
+        )  # fmt: skip
+
+    servers = tuple(server(i) for i in range(len(heaviest.servers)))
+    speeds: dict[str, list[float]] = {}
+    for w, fc in parts:
+        for c, v in fc.class_speed.items():
+            acc = speeds.setdefault(c, [0.0, 0.0])
+            acc[0] += w * v
+            acc[1] += w
     return msgspec.structs.replace(
-        placed, tok_s=mid(placed.tok_s, blind.tok_s), queued=mid(placed.queued, blind.queued),
-        per_request_tok_s=mid(placed.per_request_tok_s, blind.per_request_tok_s),
-        value=mid(placed.value, blind.value), servers=servers, class_speed=speeds,
+        heaviest, tok_s=mean(lambda fc: fc.tok_s), queued=mean(lambda fc: fc.queued),
+        per_request_tok_s=mean(lambda fc: fc.per_request_tok_s),
+        value=mean(lambda fc: fc.value), servers=servers,
+        class_speed={c: v / w for c, (v, w) in speeds.items() if w > 0},
     )  # fmt: skip
 
 
 def forecast(
     settings: Sequence[Setting],
-    users: Mapping[str, int],
+    users: Mapping[str, float],
     est: Estimates | Physics,
     objective: Objective = "throughput",
     floor_tok_s: float = 0.0,
@@ -352,8 +406,29 @@ def forecast(
     """The steady state of `users` (closed-loop users per class) on servers at `settings`:
     placed as the policy would while slots are plenty, class-blind once they are all taken
     (a freed slot goes to the next request, whatever its class), in between from
-    `SORTING_LIMIT` of the slots taken to all of them."""
+    `SORTING_LIMIT` of the slots taken to all of them. Fractional users are the mean of the
+    whole-user mixes that make them (`compositions`): two users of whom 1.6 are greedy are
+    both greedy 60% of the time and one of each 40%, and a pool that sorts the classes
+    yields the mean of the two, not two greedy users' rate."""
     phys = est if isinstance(est, Physics) else Physics(est)
+    parts = []
+    for weight, mix in compositions(users):
+        key = (tuple(settings), tuple(sorted(mix.items())), objective, floor_tok_s)
+        fc = phys.whole.get(key)
+        if fc is None:
+            fc = phys.whole[key] = _whole(settings, mix, phys, objective, floor_tok_s)
+        parts.append((weight, fc))
+    return parts[0][1] if len(parts) == 1 else _mean(parts)
+
+
+def _whole(
+    settings: Sequence[Setting],
+    users: Mapping[str, int],
+    phys: Physics,
+    objective: Objective,
+    floor_tok_s: float,
+) -> Forecast:
+    """`forecast` of whole users."""
     occupancy = sum(users.values()) / max(1, sum(phys.depths[s.deepest].capacity for s in settings))
     placed = blind = None
     if occupancy < 1.0:
@@ -367,4 +442,5 @@ def forecast(
         result = placed or blind
         assert result is not None
         return result
-    return _between(placed, blind, (occupancy - SORTING_LIMIT) / (1.0 - SORTING_LIMIT))
+    w = (occupancy - SORTING_LIMIT) / (1.0 - SORTING_LIMIT)
+    return _mean([(1.0 - w, placed), (w, blind)])

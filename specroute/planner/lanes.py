@@ -61,7 +61,7 @@ def at_target_slots(
     fc: Forecast,
     phys: Physics,
     demand: LaneDemand,
-    users: Mapping[str, int],
+    users: Mapping[str, float],
 ) -> float:
     """Slots where an interactive request decodes at the target (its mean speed `MARGIN`
     times it) under the forecast's load: on each server whose forecast batch keeps it, as many
@@ -85,7 +85,7 @@ def shortfall(
     fc: Forecast,
     phys: Physics,
     demand: LaneDemand,
-    users: Mapping[str, int],
+    users: Mapping[str, float],
 ) -> float:
     """Interactive requests (of `users`, at the lane's share) without a slot at the target."""
     wanted = demand.share * sum(users.values())
@@ -99,7 +99,7 @@ def served_first(
     fc: Forecast,
     phys: Physics,
     demand: LaneDemand | None,
-    users: Mapping[str, int],
+    users: Mapping[str, float],
 ) -> Forecast:
     """`fc` with its value lowered by the interactive lane's shortfall: each request short of
     a slot at the target costs `target_tok_s` times every user, more than the throughput any
@@ -116,7 +116,7 @@ def served_first(
 def lane_reason(
     demand: LaneDemand | None,
     phys: Physics,
-    users: Mapping[str, int],
+    users: Mapping[str, float],
     now: tuple[Sequence[Setting], Forecast],
     then: tuple[Sequence[Setting], Forecast],
 ) -> str:

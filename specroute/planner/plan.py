@@ -19,7 +19,7 @@ from specroute.planner.forecast import (
     Physics,
     Setting,
     forecast_seen,
-    user_counts,
+    user_split,
 )
 from specroute.planner.lanes import LaneDemand, lane_reason, served_first
 from specroute.planner.regime import Past, Regime, RegimeTracker
@@ -29,6 +29,8 @@ __all__ = ["Planner"]
 
 _ERRORS_KEPT = 5
 """Settled forecasts whose median error widens the bar."""
+_Load = tuple[tuple[str, float], ...]
+"""Users per class, sorted: one load's key."""
 
 
 class _Candidate(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,8 +92,7 @@ class Planner:
         """The target last proposed and since when, for `confirm_s`."""
         self.lanes: LaneDemand | None = None
         """The interactive lane's load and target, as last read: served first (`lanes`)."""
-        self._seen: tuple[tuple[Setting, ...], dict[tuple[tuple[str, int], ...], dict[str, float]]]
-        self._seen = ((), {})
+        self._seen: tuple[tuple[Setting, ...], dict[_Load, dict[str, float]]] = ((), {})
         """The pool the loads were seen on (the pool at this plan), and each load's per-class
         speed there: a candidate's forecast holds the same mix of requests, not of users in
         flight (`held_under`)."""
@@ -109,7 +110,7 @@ class Planner:
         """The best assignment for the regime, and the restarts to begin now, if any pay."""
         o = self.options
         regime = self.regimes.view(now)
-        users = user_counts(regime.concurrency, regime.shares)
+        users = user_split(regime.concurrency, regime.shares)
         phys = Physics(est)
         self._seen = (tuple(s.setting for s in servers), {})
         if self._launched is None and all(s.setting.deepest in phys.depths for s in servers):
@@ -214,21 +215,21 @@ class Planner:
         return commit + max(0.0, regime.expected_remaining_s - within)
 
     def _loads(
-        self, now: float, horizon_s: float, users: Mapping[str, int]
-    ) -> list[tuple[float, dict[str, int]]]:
+        self, now: float, horizon_s: float, users: Mapping[str, float]
+    ) -> list[tuple[float, dict[str, float]]]:
         """(weight, users per class) of each load the horizon is expected to hold; the same
         users seen twice are one load. Weights may sum to less than 1: what no regime seen
         tells is credited no gain."""
-        merged: dict[tuple[tuple[str, int], ...], float] = {}
+        merged: dict[_Load, float] = {}
         for weight, past in self.regimes.mixture(now, horizon_s):
-            counts = users if past.duration_s == 0 else user_counts(past.concurrency, past.shares)
+            counts = users if past.duration_s == 0 else user_split(past.concurrency, past.shares)
             if counts:
                 key = tuple(sorted(counts.items()))
                 merged[key] = merged.get(key, 0.0) + weight
         return [(w, dict(k)) for k, w in merged.items()]
 
     def _value(
-        self, settings: Sequence[Setting], loads: Sequence[tuple[float, Mapping[str, int]]],
+        self, settings: Sequence[Setting], loads: Sequence[tuple[float, Mapping[str, float]]],
         phys: Physics,
     ) -> float:  # fmt: skip
         """The objective of `settings` over the horizon: weighted over its loads."""
@@ -244,7 +245,7 @@ class Planner:
         return now - self._proposal[1]
 
     def _forecast(
-        self, settings: Sequence[Setting], users: Mapping[str, int], phys: Physics
+        self, settings: Sequence[Setting], users: Mapping[str, float], phys: Physics
     ) -> Forecast:
         o = self.options
         pool, speeds = self._seen
@@ -254,11 +255,11 @@ class Planner:
     def _search(
         self,
         servers: Sequence[ServerState],
-        users: Mapping[str, int],
+        users: Mapping[str, float],
         phys: Physics,
         now_fc: Forecast,
         regime: Regime,
-        horizon: tuple[float, Sequence[tuple[float, Mapping[str, int]]]],
+        horizon: tuple[float, Sequence[tuple[float, Mapping[str, float]]]],
         escape: float,
     ) -> tuple[_Candidate | None, _Candidate | None, _Held | None]:
         """(best paying candidate, best one that gains at all, best one the peak rule excludes
@@ -277,7 +278,7 @@ class Planner:
         # A restart runs under the load now while the regime lasts, and may meet the peak the
         # pool was sized for or has seen if the regime ends first: each server's loss is the
         # two weighed by the chance the regime outlasts its restart (`_outlasts`).
-        at_peak = user_counts(peak, regime.shares) if peak > regime.concurrency else users
+        at_peak = user_split(peak, regime.shares) if peak > regime.concurrency else users
         peak_fc = self._forecast(current, at_peak, phys)
         lost = []
         for i, server in enumerate(servers):
@@ -321,7 +322,7 @@ class Planner:
         servers: Sequence[ServerState],
         start: Sequence[Change],
         target: _Candidate,
-        at: tuple[Mapping[str, int], Physics, Forecast, Regime, float],
+        at: tuple[Mapping[str, float], Physics, Forecast, Regime, float],
     ) -> bool:
         """Would `start`, part of `target`'s changes and gaining nothing now on its own (a
         server moved to make room for the rest), leave the pool where the rest no longer pays?
@@ -354,7 +355,7 @@ class Planner:
 
     def _risks(
         self, current: Sequence[Setting], peak: float, regime: Regime, phys: Physics
-    ) -> list[tuple[dict[str, int], float]]:
+    ) -> list[tuple[dict[str, float], float]]:
         """The loads the part of the horizon no regime seen tells may hold, each with what
         the current pool yields there: the peak (`_peak`), of each class the pool knows. The
         pool was launched for them, and nothing seen says which comes (before the first
@@ -363,13 +364,13 @@ class Planner:
         if peak <= regime.concurrency:
             return []
         known = sorted(set(phys.est.classes) | set(regime.shares))
-        at_peak = (user_counts(peak, {c: 1.0}) for c in known)
+        at_peak = (user_split(peak, {c: 1.0}) for c in known)
         return [(users, self._forecast(current, users, phys).value) for users in at_peak]
 
     def _risk(
         self,
         settings: Sequence[Setting],
-        risks: Sequence[tuple[Mapping[str, int], float]],
+        risks: Sequence[tuple[Mapping[str, float], float]],
         phys: Physics,
     ) -> float:
         """The most `settings` could lose against the current pool at one of `risks`, per
@@ -378,7 +379,9 @@ class Planner:
         lost = (value - self._forecast(settings, users, phys).value for users, value in risks)
         return max([0.0, *lost])
 
-    def _untold_note(self, loads: Sequence[tuple[float, Mapping[str, int]]], regime: Regime) -> str:
+    def _untold_note(
+        self, loads: Sequence[tuple[float, Mapping[str, float]]], regime: Regime
+    ) -> str:
         """How much of the horizon no regime seen tells, when it is charged (`_risks`)."""
         untold, peak = _untold(loads), self._peak(regime)
         if untold <= 0 or peak <= regime.concurrency:
@@ -412,7 +415,7 @@ class Planner:
         self,
         servers: Sequence[ServerState],
         cand: _Candidate,
-        loads: Sequence[tuple[float, Mapping[str, int]]],
+        loads: Sequence[tuple[float, Mapping[str, float]]],
         phys: Physics,
         escape: float,
     ) -> _Candidate:
@@ -458,7 +461,7 @@ class Planner:
         self,
         servers: Sequence[ServerState],
         i: int,
-        users: Mapping[str, int],
+        users: Mapping[str, float],
         phys: Physics,
         now_fc: Forecast,
     ) -> float:
@@ -568,7 +571,7 @@ class Planner:
         return self.options.overcommit * phys.depths[server.setting.deepest].capacity
 
 
-def _untold(loads: Sequence[tuple[float, Mapping[str, int]]]) -> float:
+def _untold(loads: Sequence[tuple[float, Mapping[str, float]]]) -> float:
     """The share of the horizon no regime seen tells (`RegimeTracker.mixture`)."""
     return max(0.0, 1.0 - sum(w for w, _ in loads))
 
@@ -593,7 +596,7 @@ def _bets(regime: Regime, target: Forecast, now_fc: Forecast) -> bool:
     return target.value < now_fc.value and regime.alike_seen == 0
 
 
-def _unsettled(regime: Regime, settle_s: float, users: Mapping[str, int]) -> str:
+def _unsettled(regime: Regime, settle_s: float, users: Mapping[str, float]) -> str:
     """Why the regime is not one to act on yet ("" when it is)."""
     if not users:
         return "idle"

@@ -105,9 +105,17 @@ class RegimeTracker:
             self._rebase()
 
     def _rebase(self) -> None:
-        """The reference moves to the load now: the band, and the mix from the window's."""
+        """The reference moves to the load now: the band, and the mix from the window's
+        samples within the band of it. A window that still holds the busy hour's samples
+        (48 sampled users each) seeded a quiet regime of two greedy users with a sampled mix
+        it took more than the regime's length to outweigh."""
         self._ref_level, self._ref_shares = self.level, dict(self.shares)
-        self._mix = {c: n for c, n in self._sums.items() if n > 1e-9}
+        mix: dict[str, float] = {}
+        for _, sample in self._samples:
+            if not self._outside(sum(sample.values()), self.level):
+                for c, n in sample.items():
+                    mix[c] = mix.get(c, 0.0) + n
+        self._mix = {c: n for c, n in mix.items() if n > 1e-9}
 
     @property
     def mix(self) -> dict[str, float]:
