@@ -20,8 +20,9 @@ from specroute.planner import (
     forecast,
     forecast_seen,
     user_counts,
+    user_split,
 )
-from specroute.planner.forecast import Physics
+from specroute.planner.forecast import Physics, compositions
 from specroute.policies import ClassEstimate
 from specroute.profile_format import Point, Target, depth_curves, fit_depths, fit_line
 from specroute.speculation import expected_tokens
@@ -369,6 +370,49 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
         now += 2.0
     assert len(tracker.durations) == 1
     assert tracker.view(now).steady
+
+
+def test_a_quiet_regime_after_a_busy_one_has_the_quiet_mix_from_its_start() -> None:
+    # Eight sampled users for two minutes, then one greedy user: the window still holds the
+    # busy samples when the regime moves; they are not the quiet regime's mix.
+    tracker = RegimeTracker(window_s=60.0)
+    now = 0.0
+    for users in [{SAMPLED: 8.0}] * 60 + [{GREEDY: 1.0}] * 90:
+        tracker.observe(now, users)
+        now += 2.0
+    regime = tracker.view(now)
+    assert regime.regimes_seen == 1
+    assert regime.concurrency == pytest.approx(1.0)
+    assert regime.shares[GREEDY] > 0.95
+
+
+def test_a_few_users_split_by_class_keep_their_fractions() -> None:
+    assert user_split(2.2, {GREEDY: 0.82, SAMPLED: 0.18}) == pytest.approx(
+        {GREEDY: 1.64, SAMPLED: 0.36}
+    )
+    assert user_split(0.4, {GREEDY: 1.0}) == {}
+    # The whole-user mixes that make them: their weights sum to one and their mean is them.
+    users = {GREEDY: 1.64, SAMPLED: 0.36, "m:hot": 2.0}
+    mixes = compositions(users)
+    assert sum(w for w, _ in mixes) == pytest.approx(1.0)
+    for c, n in users.items():
+        assert sum(w * mix.get(c, 0) for w, mix in mixes) == pytest.approx(n)
+    assert all(sum(mix.values()) == 4 for _, mix in mixes)
+    assert compositions({GREEDY: 2.0, SAMPLED: 1.0}) == [(1.0, {GREEDY: 2, SAMPLED: 1})]
+
+
+def test_two_users_of_whom_a_part_run_a_slow_class_are_not_forecast_as_two_fast_ones() -> None:
+    # Two users, 1.6 of them greedy on average: a pool that sorts the classes runs both on
+    # the deep server 60% of the time and one on each 40%. Rounded to two greedy users,
+    # the forecast was the first mix's rate all the time.
+    est = estimates()
+    settings = [Setting(steps=1), Setting(steps=1), Setting(steps=7)]
+    both = forecast(settings, {GREEDY: 2}, est)
+    split = forecast(settings, {GREEDY: 1, SAMPLED: 1}, est)
+    assert split.tok_s < 0.9 * both.tok_s
+    mean = forecast(settings, {GREEDY: 1.6, SAMPLED: 0.4}, est)
+    assert mean.tok_s == pytest.approx(0.6 * both.tok_s + 0.4 * split.tok_s)
+    assert mean.class_speed[SAMPLED] == pytest.approx(split.class_speed[SAMPLED])
 
 
 def accept_lengths(rates: list[float], depth: int) -> float:
