@@ -106,6 +106,11 @@ class Physics:
         self.depths = est.depths
         self._e: dict[tuple[str, int], float] = {}
         self._curves: dict[str, Curve] = {}
+        self._t: dict[tuple[int, float], float] = {}
+        self.rates: dict[tuple[object, ...], tuple[int, float, dict[str, float]]] = {}
+        """A server's (depth, tok/s, speed by class) per setting and class counts
+        (`_Server.rates`): a plan places the same few counts on the same settings over and
+        over, and reading T between tune's points is most of a forecast's time."""
         self.whole: dict[tuple[object, ...], Forecast] = {}
         """Forecasts of whole users, kept: the mixes of fractional users recur (`forecast`)."""
 
@@ -120,7 +125,11 @@ class Physics:
         return value
 
     def time(self, steps: int, batch: float) -> float:
-        return self.depths[steps].iteration_time(batch)
+        key = (steps, batch)
+        value = self._t.get(key)
+        if value is None:
+            value = self._t[key] = self.depths[steps].iteration_time(batch)
+        return value
 
 
 class _Server:
@@ -159,12 +168,18 @@ class _Server:
         return tier[i]
 
     def rates(self, counts: Mapping[str, float]) -> tuple[int, float, dict[str, float]]:
-        """(depth, tok/s, per-request speed by class) with `counts` running."""
+        """(depth, tok/s, per-request speed by class) with `counts` running (kept in
+        `Physics.rates`; not to be changed)."""
+        key = (self.setting, *sorted(counts.items()))
+        known = self.phys.rates.get(key)
+        if known is not None:
+            return known
         batch = sum(counts.values())
         k = self.depth(counts, batch)
         t = self.phys.time(k, batch)
         speeds = {c: self.phys.e(c, k) / t for c in counts}
-        return k, sum(n * speeds[c] for c, n in counts.items()), speeds
+        known = self.phys.rates[key] = (k, sum(n * speeds[c] for c, n in counts.items()), speeds)
+        return known
 
     def joined(self, klass: str) -> dict[str, float]:
         counts = dict(self.counts)
