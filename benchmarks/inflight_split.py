@@ -22,7 +22,7 @@ from depth_sim import DepthSim
 from specroute.bench.trace import load_scenario
 from specroute.planner import Planner, Setting
 from specroute.planner.estimates import Estimates
-from specroute.planner.forecast import forecast, user_counts
+from specroute.planner.forecast import forecast, user_split
 
 
 def _shares(counts: Mapping[str, float]) -> dict[str, float]:
@@ -80,7 +80,7 @@ def _report(
     for _, counts in seen:
         for c, n in counts.items():
             true[c] = true.get(c, 0.0) + n
-    users = user_counts(regime.concurrency, regime.shares)
+    users = user_split(regime.concurrency, regime.shares)
     print(f"at {now:.0f} s, {regime.concurrency:.1f} in flight")
     print(f"  the loop's mix:      {_short(regime.shares)}")
     print(f"  in flight, last {seen[-1][0] - seen[0][0]:.0f} s: {_short(_shares(true))}")
