@@ -415,6 +415,19 @@ def test_two_users_of_whom_a_part_run_a_slow_class_are_not_forecast_as_two_fast_
     assert mean.class_speed[SAMPLED] == pytest.approx(split.class_speed[SAMPLED])
 
 
+def test_the_planner_values_the_pool_now_for_the_fractions_of_users_it_has_seen() -> None:
+    # Two users, a fifth of whose time goes to sampled requests: the plan's forecast of the
+    # pool it runs is the fractional users', not two greedy users' on the deep server.
+    planner, now = planner_after([(1200.0, {GREEDY: 1.6, SAMPLED: 0.4})])
+    est = estimates()
+    plan = planner.plan(now, pool(1, 1, 7), est)
+    settings = [Setting(steps=1), Setting(steps=1), Setting(steps=7)]
+    assert plan.current.tok_s == pytest.approx(
+        forecast(settings, {GREEDY: 1.6, SAMPLED: 0.4}, est).tok_s, rel=1e-6
+    )
+    assert plan.current.tok_s < 0.97 * forecast(settings, {GREEDY: 2}, est).tok_s
+
+
 def accept_lengths(rates: list[float], depth: int) -> float:
     """E_depth for per-position acceptance `rates` (the last repeats)."""
     total, run = 1.0, 1.0
