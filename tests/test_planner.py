@@ -316,6 +316,24 @@ def test_a_pool_on_its_way_to_its_target_is_never_stuck_half_way() -> None:
     assert [c.server for c in plan.start] == ["b0"]
 
 
+def test_a_server_whose_turn_comes_after_one_in_its_dwell_waits_for_it() -> None:
+    # The pool above on its way to a shallow server and two k7, but b0, the server that makes
+    # room, was changed 100 s ago in this regime and is in its dwell. b1 may not go first in its
+    # place: k3/k7/k7 could not restart a server under the 64 users the launched pool could,
+    # and once there the rest of the target no longer pays, so the pool would stay stuck.
+    planner, now = planner_after([(1200.0, {GREEDY: 3.0})])
+    planner.plan(now, pool(3, 3, 3), estimates())
+    servers = pool(3, 3, 7)
+    servers[0] = msgspec.structs.replace(
+        servers[0], previous=Setting(steps=5), changed_at=now - 100.0
+    )
+    plan = planner.plan(now, servers, estimates())
+    assert plan.proposed is not None
+    assert [c.server for c in plan.changes] == ["b0", "b1"]
+    assert plan.start == ()
+    assert plan.verdict.startswith("hold: b0 changed 100s ago, in dwell")
+
+
 def test_a_step_that_makes_room_is_not_begun_for_a_rest_that_would_not_pay_from_there() -> None:
     # Ten minutes of six greedy users, the peak named 60: the target is a k1 server (to make
     # room) and two k7, the k1 step first, gaining nothing on its own. Planned again from

@@ -562,8 +562,26 @@ class Planner:
                     why or f"capacity floor: the others hold {room:.0f} < {regime.concurrency:.0f}"
                 )
                 continue
+            if why and self._strands([*start, change], servers, regime, phys):
+                continue  # its turn is after a change that waits
             start.append(change)
         return tuple(start), why
+
+    def _strands(
+        self, changes: Sequence[Change], servers: Sequence[ServerState], regime: Regime,
+        phys: Physics,
+    ) -> bool:  # fmt: skip
+        """Would `changes`, begun out of their target's order (`_gainful_first`) because one
+        before them waits, leave a pool less reconfigurable than both the floor and the pool
+        now? A k1 server moved to k5 while the server that was to make room sat in its
+        dwell left the h200 shape's swing on k3/k5/k7, which could not restart a server at
+        the busy hour's 64 users, where the rest of the target no longer paid: stuck deep
+        for the hour."""
+        now = [s.setting for s in servers]
+        moved = {c.server: c.after for c in changes}
+        after = [moved.get(s.name, s.setting) for s in servers]
+        floor = min(self._escape_floor(regime), self.escape_load(now, phys))
+        return self.escape_load(after, phys) < floor
 
     def _limit(self, server: ServerState, phys: Physics) -> float:
         if server.limit is not None:
