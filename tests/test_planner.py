@@ -390,27 +390,6 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
     assert tracker.view(now).steady
 
 
-def test_a_regime_ends_when_the_mix_leaves_its_own_not_its_first_window() -> None:
-    # Three users, 90% greedy for an hour, whose first sample caught them half sampled; the
-    # hour's windows differ from that by 0.4, too little to move the band at three users.
-    # Then two minutes all greedy: no new regime, for the hour's mix is 90% greedy. Read
-    # against the first window, they differed by 0.5 and cut the hour in two (on the h200
-    # shape's swing, at 2164 s: the last quiet hour, taken to be as short as the halves, sent
-    # servers back to busy depths in its first half). A real change still ends it.
-    tracker = RegimeTracker(window_s=60.0)
-    now = 0.0
-    steady = [{GREEDY: 2.7, SAMPLED: 0.3}] * 1800
-    for users in [{GREEDY: 1.5, SAMPLED: 1.5}, *steady, *[{GREEDY: 3.0}] * 60]:
-        tracker.observe(now, users)
-        now += 2.0
-    assert tracker.durations == []
-    for _ in range(300):
-        tracker.observe(now, {SAMPLED: 3.0})
-        now += 2.0
-    assert len(tracker.durations) == 1
-    assert tracker.durations[0] == pytest.approx(3720.0, abs=60.0)
-
-
 def test_a_quiet_regime_after_a_busy_one_has_the_quiet_mix_from_its_start() -> None:
     # Eight sampled users for two minutes, then one greedy user: the window still holds the
     # busy samples when the regime moves; they are not the quiet regime's mix.

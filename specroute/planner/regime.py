@@ -75,6 +75,7 @@ class RegimeTracker:
         self._start: float | None = None
         self._moved = 0.0
         self._ref_level = 0.0
+        self._ref_shares: dict[str, float] = {}
         self._mix: dict[str, float] = {}
         """Requests in flight per class, summed over the samples since the reference last moved
         (seeded with the window's): the class mix the regime has had, steadier than a window's
@@ -108,7 +109,7 @@ class RegimeTracker:
         samples within the band of it. A window that still holds the busy hour's samples
         (48 sampled users each) seeded a quiet regime of two greedy users with a sampled mix
         it took more than the regime's length to outweigh."""
-        self._ref_level = self.level
+        self._ref_level, self._ref_shares = self.level, dict(self.shares)
         mix: dict[str, float] = {}
         for _, sample in self._samples:
             if not self._outside(sum(sample.values()), self.level):
@@ -145,7 +146,7 @@ class RegimeTracker:
         return ratio > self.band or ratio < 1.0 / self.band
 
     def _left(self) -> bool:
-        return self._differ(self.level, self.shares, self._ref_level, self.mix)
+        return self._differ(self.level, self.shares, self._ref_level, self._ref_shares)
 
     def _differ(
         self, level: float, shares: Mapping[str, float], ref: float, ref_shares: Mapping[str, float]
