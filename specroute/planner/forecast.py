@@ -35,9 +35,9 @@ __all__ = [
 
 Objective = Literal["throughput", "latency", "goodput"]
 SORTING_LIMIT = 0.8
+"""Occupancy (users over slots) up to which routing places each class where it gains most."""
 _WHOLE = 1e-9
 """Parts of a user below this are none."""
-"""Occupancy (users over slots) up to which routing places each class where it gains most."""
 Tier = tuple[int, tuple[int, ...]]
 """(smallest batch size of the tier, candidate depths): SGLang's adaptive configuration."""
 Table = tuple[tuple[int, int], ...]
