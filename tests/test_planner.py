@@ -667,26 +667,6 @@ def test_a_change_in_a_young_lull_is_charged_its_restart_at_the_peak() -> None:
     assert 0 < later.restart_cost_tokens < plan.restart_cost_tokens / 2
 
 
-def test_once_regimes_have_ended_a_restart_is_charged_at_the_loads_they_showed() -> None:
-    # Load doubling every eight minutes, half greedy and half sampled (depth-ramp): 2 users,
-    # 4, then 8 for three minutes, in a pool sized for 60. The regime may end before a
-    # four-minute restart is done, and what comes then is what the pool has seen (2 to 8
-    # users), where the two servers left carry the load nearly as well as three. Charged at
-    # the 60 users the pool was sized for, as before any regime has ended, the same change
-    # did not pay.
-    est = estimates(per_token_s=0.001)
-    servers = [ServerState(name=f"b{i}", setting=Setting(steps=2), startup_s=240.0,
-                           limit=2 * est.depths[2].capacity) for i in range(3)]  # fmt: skip
-    ramp = [(480.0, {GREEDY: n / 2, SAMPLED: n / 2}) for n in (2.0, 4.0)]
-    planner, now = planner_after([*ramp, (200.0, {GREEDY: 4.0, SAMPLED: 4.0})],
-                                 peak_concurrency=60.0)  # fmt: skip
-    plan = planner.plan(now, servers, est)
-    assert plan.regime.regimes_seen == 1  # 2 and 4 users are one regime (`_SMALL`)
-    assert plan.regime.expected_remaining_s < 3 * servers[0].startup_s
-    assert plan.verdict == "reconfigure", plan.reason
-    assert plan.gain_tokens > 5 * plan.restart_cost_tokens
-
-
 def test_a_first_quiet_spell_is_not_taken_for_all_the_load_to_come() -> None:
     # Ten minutes after launch, two greedy users are all the pool has seen; it was sized for
     # the 75 users its slots hold. Deep drafts would gain while the quiet lasts, but much of

@@ -275,26 +275,17 @@ class Planner:
         if o.tables:
             choices += table_settings(phys, regime.shares, range(1, o.max_steps + 1))
         peak = self._peak(regime)
-        # A restart runs under the load now while the regime lasts, and meets what follows if
-        # the regime ends first: each server's loss is the two weighed by the chance the
-        # regime outlasts its restart (`_outlasts`). What follows is the regimes seen lately
-        # (`RegimeTracker.following`), or before one has ended the peak the pool was sized
-        # for or has seen. Charged at that peak throughout, a move at 8 users on a ramp that
-        # had seen 2 and 4 cost a restart under 114 it never met, and did not pay.
-        nexts = [(w, load, self._forecast(current, load, phys))
-                 for w, past in self.regimes.following(horizon_s)
-                 if (load := user_split(past.concurrency, past.shares))]  # fmt: skip
+        # A restart runs under the load now while the regime lasts, and may meet the peak the
+        # pool was sized for or has seen if the regime ends first: each server's loss is the
+        # two weighed by the chance the regime outlasts its restart (`_outlasts`).
         at_peak = user_split(peak, regime.shares) if peak > regime.concurrency else users
         peak_fc = self._forecast(current, at_peak, phys)
         lost = []
         for i, server in enumerate(servers):
             now_loss = self._loss(servers, i, users, phys, now_fc)
-            if nexts:
-                then_loss = sum(w * self._loss(servers, i, load, phys, fc) for w, load, fc in nexts)
-            else:
-                then_loss = max(now_loss, self._loss(servers, i, at_peak, phys, peak_fc))
+            peak_loss = max(now_loss, self._loss(servers, i, at_peak, phys, peak_fc))
             stays = _outlasts(regime, server.startup_s + o.drain_s)
-            lost.append(stays * now_loss + (1.0 - stays) * then_loss)
+            lost.append(stays * now_loss + (1.0 - stays) * peak_loss)
         risks = self._risks(current, peak, regime, phys) if unseen > 0 else []
         best: _Candidate | None = None
         gaining: _Candidate | None = None

@@ -220,24 +220,15 @@ class RegimeTracker:
         horizon is unknown."""
         current = Past(duration_s=0.0, concurrency=self.level, shares=self.mix)
         stay = min(1.0, self.expected_remaining(now) / horizon_s) if horizon_s > 0 else 1.0
-        after = self.following(horizon_s)
-        if stay >= 1.0 or not after:
-            return [(stay, current)]
-        return [(stay, current), *(((1 - stay) * w, p) for w, p in after)]
-
-    def following(self, horizon_s: float) -> list[tuple[float, Past]]:
-        """What comes once the current regime ends, as shares summing to 1: the regimes seen
-        lately (the latest ones covering twice `horizon_s`) in proportion to how long each
-        lasted; none before a regime has ended."""
         recent: list[Past] = []
         for past in reversed(self.past):
             if sum(p.duration_s for p in recent) >= 2 * horizon_s:
                 break
             recent.append(past)
         seen = sum(p.duration_s for p in recent)
-        if seen <= 0:
-            return []
-        return [(p.duration_s / seen, p) for p in recent]
+        if stay >= 1.0 or seen <= 0:
+            return [(stay, current)]
+        return [(stay, current), *(((1 - stay) * p.duration_s / seen, p) for p in recent)]
 
     def view(self, now: float) -> Regime:
         return Regime(
