@@ -1,7 +1,7 @@
 """When the depth loop's regimes end, and on what: one run of the product's loop in virtual time
 (`depth_sim`, the auto pool with launch's defaults), and for every regime that ends, its end,
-its length, its load and mix, the class shares of the window it started on (the reference
-each window's shares are compared with) and those of the window that ended it. A regime that
+its length, its load and mix, the class shares each window was compared with (the window it
+started on, or the one where its band last moved) and those of the window that ended it. A regime that
 ends on a window like its own mix ended on its first window, not on a change of load:
 
     .venv/bin/python benchmarks/regime_ends.py --profile h200-qwen35-122b-shape \\
@@ -48,19 +48,15 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging("warning")  # the loop's plan lines would drown the ends
     original = RegimeTracker.observe
-    started: dict[int, dict[str, float]] = {}  # tracker -> shares of its regime's first window
 
     def observe(self: RegimeTracker, now: float, by_class: Mapping[str, float]) -> None:
-        ended = len(self.past)
+        ended, first = len(self.past), self._ref_shares  # the reference each window meets
         original(self, now, by_class)
-        if id(self) not in started or len(self.past) > ended:
-            if len(self.past) > ended:
-                p = self.past[-1]
-                print(f"{now:8.0f} s: a regime of {p.duration_s:.0f} s ended "
-                      f"({p.concurrency:.1f} users; its mix {_short(p.shares)}; its first window "
-                      f"{_short(started[id(self)])}; the window that ended it "
-                      f"{_short(self.shares)})")  # fmt: skip
-            started[id(self)] = dict(self.shares)
+        if len(self.past) > ended:
+            p = self.past[-1]
+            print(f"{now:8.0f} s: a regime of {p.duration_s:.0f} s ended "
+                  f"({p.concurrency:.1f} users; its mix {_short(p.shares)}; its first window "
+                  f"{_short(first)}; the window that ended it {_short(self.shares)})")  # fmt: skip
 
     RegimeTracker.observe = observe  # type: ignore[method-assign]
     sim = DepthSim(args.profile, pools(args.profile)["auto"], seed=0)
