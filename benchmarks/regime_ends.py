@@ -1,8 +1,9 @@
 """When the depth loop's regimes end, and on what: one run of the product's loop in virtual time
 (`depth_sim`, the auto pool with launch's defaults), and for every regime that ends, its end,
 its length, its load and mix, the class shares each window was compared with (the window it
-started on, or the one where its band last moved) and those of the window that ended it. A regime that
-ends on a window like its own mix ended on its first window, not on a change of load:
+started on, or the one where its band last moved) and those of the window that ended it. A
+regime that ends on a window like its own mix ended on its first window, not on a change of
+load:
 
     .venv/bin/python benchmarks/regime_ends.py --profile h200-qwen35-122b-shape \\
         --trace scenarios/depth-swing.toml --until 5400
