@@ -77,7 +77,6 @@ class RegimeTracker:
         self._ref_level = 0.0
         self._ref_shares: dict[str, float] = {}
         self._mix: dict[str, float] = {}
-        self._settled_mix = False
         """Requests in flight per class, summed over the samples since the reference last moved
         (seeded with the window's): the class mix the regime has had, steadier than a window's
         at a few users."""
@@ -96,9 +95,6 @@ class RegimeTracker:
             return
         for c, n in sample.items():
             self._mix[c] = self._mix.get(c, 0.0) + n
-        if not self._settled_mix and now - self._moved >= 2 * self.window_s:
-            self._settled_mix = True  # counted afresh from the window, past the shift
-            self._rebase_mix()
         self.peak = max(self.peak, self.level)
         if self._left():
             if now - self._moved >= self.window_s:
@@ -114,10 +110,6 @@ class RegimeTracker:
         (48 sampled users each) seeded a quiet regime of two greedy users with a sampled mix
         it took more than the regime's length to outweigh."""
         self._ref_level, self._ref_shares = self.level, dict(self.shares)
-        self._settled_mix = False
-        self._rebase_mix()
-
-    def _rebase_mix(self) -> None:
         mix: dict[str, float] = {}
         for _, sample in self._samples:
             if not self._outside(sum(sample.values()), self.level):
