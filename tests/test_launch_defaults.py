@@ -139,3 +139,33 @@ def test_dry_run_names_given_and_default_sources(capsys: pytest.CaptureFixture[s
         status, _, err = _dry_run(capsys, "--steps", "1", flag, "2")
         assert status == 2
         assert f"{flag} is for the pool --prior recommends; --steps names every server" in err
+
+
+def test_lanes_on_the_priors_pool_of_one_depth_get_a_note(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # The prior's pool for 3 users at once is three k3 servers: chosen for throughput, with no
+    # deeper server for an interactive lane. With a lane target the launch says so and how to
+    # serve the lane from the start; a mixed pool, named steps or no target, no note.
+    prior = tmp_path / "prior.json"
+    prior.write_bytes(encode_profile(_prior()))
+    lanes = tmp_path / "lanes.toml"
+    lanes.write_text("[lanes]\ntarget_tok_s = 100.0\n")
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[lanes]\nreserve = 4\n")
+    note = "note: [lanes] sets the interactive lane a target, and the pool the prior recommends"
+    status, out, err = _dry_run(
+        capsys, "--prior", str(prior), "--expected-users", "3", "--config", str(lanes)
+    )
+    assert status == 0, err
+    assert "# --steps 3,3,3: the pool" in out
+    assert f"specroute launch: {note} (3,3,3) is chosen for throughput" in err
+    assert "--steps naming a mixed pool, one server deeper, serves the lane" in err
+    for flags in (
+        ("--prior", str(prior), "--config", str(lanes)),  # its pool over every load: 1,1,3
+        ("--prior", str(prior), "--expected-users", "3", "--config", str(plain)),
+        ("--steps", "3,3,3", "--config", str(lanes)),
+    ):
+        status, _, err = _dry_run(capsys, *flags)
+        assert status == 0, err
+        assert note not in err

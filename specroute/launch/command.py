@@ -233,13 +233,32 @@ def _exposure_notes(config: Config, options: LaunchOptions) -> list[str]:
     return notes
 
 
+def _lanes_note(config: Config, depths: LaunchDepths) -> list[str]:
+    """A note when `[lanes]` sets the interactive lane a target and the pool started is the
+    prior's, every server at one depth: the prior's pool is chosen for throughput, and the
+    lane has no deeper server to go to until the depth loop moves one."""
+    lanes = config.lanes
+    if lanes.target_tok_s <= 0 and lanes.target_tpot_ms is None:
+        return []
+    if depths.steps_from == "given" or len(depths.steps) < 2 or len(set(depths.steps)) > 1:
+        return []
+    steps = ",".join(map(str, depths.steps))
+    return [
+        f"note: [lanes] sets the interactive lane a target, and the pool the prior recommends "
+        f"({steps}) is chosen for throughput, every server at one depth: interactive requests "
+        "have no deeper server until the depth loop (--reconfigure auto) moves one where the "
+        "lane falls short of its target; --steps naming a mixed pool, one server deeper, serves "
+        'the lane from the start (docs/operators.md, "Latency lanes")'
+    ]
+
+
 def _plan(args: argparse.Namespace) -> tuple[LaunchPlan, LaunchDepths]:
     config = proxy_config(args)
     detected = host_gpus(emulate=args.emulate, gpus=parse_gpus(args.gpus))
     depths = launch_depths_of(args, detected)
     options = options_from_args(args, config, depths)
     _check_policy_depth(config, options)
-    for note in _exposure_notes(config, options):
+    for note in [*_exposure_notes(config, options), *_lanes_note(config, depths)]:
         print(f"specroute launch: {note}", file=sys.stderr)
     if options.emulate:
         _check_as_real(options, args)
