@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
-from depth_pools import ROOT, PoolSpec, pools
+from depth_pools import ROOT, PoolSpec, pools, tuned
 from depth_sim import DepthSim
 from policy_sim import Draw, Req
 from sim_results import SimResult
@@ -193,11 +193,18 @@ def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run
     return Run(name, result, sim.speeds, sim.waits, lanes, sim.ran)
 
 
-def configurations(mixes: list[str]) -> list[tuple[str, PoolSpec, bool]]:
-    """(name, pool, lanes) of every configuration compared: on the first mix lanes with the
-    planner, lanes and no lanes; on the others lanes and no lanes."""
+def configurations(mixes: list[str], profile: str) -> list[tuple[str, PoolSpec, bool]]:
+    """(name, pool, lanes) of every configuration compared: first lanes with the planner as
+    `specroute launch --prior P.json --reconfigure auto` starts it from the profile's tune prior
+    (its pool and depths, the proxy starting from the prior: the product's defaults), where
+    one exists; on the first mix lanes with the planner, lanes and no lanes; on the others
+    lanes and no lanes."""
     known = pools()
     out = []
+    launched = tuned(profile).get("auto")
+    if launched is not None:
+        label = "/".join(s.label for s in launched.settings)
+        out.append((f"lanes + planner, launched {label}", launched, True))
     for i, text in enumerate(mixes):
         mix = tuple(Setting(steps=int(k)) for k in text.split(","))
         label = "/".join(s.label for s in mix)
@@ -217,13 +224,13 @@ def _median(values: list[float]) -> float:
 
 def report(runs: list[Run], target: float) -> list[str]:
     phases = runs[0].result.phases
-    lines = [f"{'pool':30} {'agg tok/s':>9} {'met':>5} {'batch p99 wait':>14} | interactive "
+    lines = [f"{'pool':36} {'agg tok/s':>9} {'met':>5} {'batch p99 wait':>14} | interactive "
              "median tok/s per phase: " + " ".join(n for n, _, _ in phases)]  # fmt: skip
     for r in runs:
         speeds = [v for _, v in r.speeds[INTERACTIVE]]
         met = sum(v >= target for v in speeds) / len(speeds) if speeds else math.nan
         cells = " ".join(f"{_median(r.interactive(s, e)):7.1f}" for _, s, e in phases)
-        lines.append(f"{r.name:30} {r.aggregate:9.0f} {met:5.0%} {r.batch_p99_wait():12.2f} s"
+        lines.append(f"{r.name:36} {r.aggregate:9.0f} {met:5.0%} {r.batch_p99_wait():12.2f} s"
                      f" | {cells}")  # fmt: skip
     return lines + (verdicts(runs, target) if len(runs) > 1 else [])
 
@@ -293,7 +300,7 @@ def main() -> None:
                         help="print where each phase's interactive requests ran")  # fmt: skip
     args = parser.parse_args()
     configure_logging("warning")
-    every = configurations(args.mix or [LANES_MIX])
+    every = configurations(args.mix or [LANES_MIX], args.profile)
     wanted = [c for c in every if not args.only or any(o in c[0] for o in args.only)]
     print(f"interactive share {args.share:.0%}, target {args.target:.0f} tok/s, reserve "
           f"{args.reserve}, profile {args.profile}, phases x{args.scale:g}")  # fmt: skip
