@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import subprocess
 import sys
@@ -34,6 +35,7 @@ from lanes_sim import where
 from specroute.bench.stats import percentile
 from specroute.children import free_port, spawn, stop_async, wait_ready
 from specroute.emulator.fleet import emulated_fleet
+from specroute.logs import configure_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
@@ -43,22 +45,37 @@ INTERACTIVE = ((0.0, 256), (0.3, 256))
 BATCH = (0.9, 768)
 
 
+CAPPED = ROOT / "examples" / "adaptive-capped-3.json"
+
+
 @dataclass(frozen=True)
 class Pool:
     name: str
     depths: tuple[int, ...]
     policy: str
     lanes: bool
+    emulate: tuple[str, ...] = ()
+    """More `specroute emulate` flags for every server (SGLang's adaptive mode)."""
 
 
+ADAPTIVE = (
+    Pool("3 x adaptive<=3", (3, 3, 3), "least_loaded", False,
+         ("--speculative-adaptive", "--speculative-adaptive-config", str(CAPPED))),
+    Pool("3 x adaptive<=7", (3, 3, 3), "least_loaded", False, ("--speculative-adaptive",)),
+)  # fmt: skip
 POOLS = (
     Pool("lanes k1/k3/k5", (1, 3, 5), "throughput", True),
     Pool("no lanes k1/k3/k5", (1, 3, 5), "throughput", False),
-    Pool("3 x k1", (1, 1, 1), "least_loaded", False),
-    Pool("3 x k3", (3, 3, 3), "least_loaded", False),
-    Pool("3 x k5", (5, 5, 5), "least_loaded", False),
-    Pool("3 x k7", (7, 7, 7), "least_loaded", False),
+    Pool("lanes k2/k2/k5", (2, 2, 5), "throughput", True),
+    Pool("no lanes k2/k2/k5", (2, 2, 5), "throughput", False),
+    *(Pool(f"3 x k{k}", (k, k, k), "least_loaded", False) for k in range(8)),
+    *ADAPTIVE,
 )
+"""`lanes_sim.py`'s configurations but the planner's: every fixed pool, the adaptive pools (the
+same tiers: SGLang's default, deepest 7, and `examples/adaptive-capped-3.json`), and two mixed
+pools with lanes and without (`k2/k2/k5`: the best one never moved in virtual time)."""
+DEEP = 3
+"""The deep pools the issue compares the interactive lane with: k3..k7 and the adaptive ones."""
 
 
 @dataclass
@@ -172,7 +189,7 @@ async def one_pool(
 ) -> dict[str, Any]:
     scale = args.time_scale
     async with emulated_fleet(
-        pool.depths, profile=args.profile, extra_args=["--time-scale", str(scale)]
+        pool.depths, profile=args.profile, extra_args=["--time-scale", str(scale), *pool.emulate]
     ) as servers:
         port = free_port()
         config = out / f"{pool.name.replace(' ', '_').replace('/', '-')}.toml"
@@ -195,21 +212,92 @@ def _median(values: list[float]) -> float:
     return percentile(values, 50) if values else float("nan")
 
 
-def row(pool: Pool, r: dict[str, Any], phases: int, args: argparse.Namespace) -> str:
+@dataclass(frozen=True)
+class Summary:
+    """One pool's figures: the aggregate, the interactive lane's median speed and share at the
+    target per phase and over the trace (emulated tok/s)."""
+
+    pool: Pool
+    aggregate: float
+    medians: tuple[float, ...]
+    met: tuple[float, ...]
+    """Per phase, the share of interactive requests at the target (nan: none)."""
+    met_all: float
+
+
+def summary(pool: Pool, r: dict[str, Any], phases: int, args: argparse.Namespace) -> Summary:
     scale, trace = args.time_scale, r["trace"]
     inter = [d for d in trace.done if d.lane == "interactive" and d.speed is not None]
-    cells = " ".join(
-        f"{_median([d.speed / scale for d in inter if d.phase == i]):7.1f}" for i in range(phases)
+    by_phase = [[d.speed / scale for d in inter if d.phase == i] for i in range(phases)]
+
+    def met(speeds: list[float]) -> float:
+        return sum(v >= args.target for v in speeds) / len(speeds) if speeds else float("nan")
+
+    return Summary(
+        pool=pool,
+        aggregate=sum(d.tokens for d in trace.done) / r["wall"] / scale,
+        medians=tuple(_median(v) for v in by_phase),
+        met=tuple(met(v) for v in by_phase),
+        met_all=met([v for speeds in by_phase for v in speeds]),
     )
-    met = sum(d.speed / scale >= args.target for d in inter) / len(inter) if inter else float("nan")
-    agg = sum(d.tokens for d in trace.done) / r["wall"] / scale
+
+
+def row(s: Summary, r: dict[str, Any], args: argparse.Namespace) -> str:
+    cells = " ".join(f"{m:7.1f}" for m in s.medians)
     lane = r["lanes"].get("interactive", {})
-    seen = lane.get("attainment") if pool.lanes else None
+    seen = lane.get("attainment") if s.pool.lanes else None
     wait = r["lanes"].get("batch", {}).get("wait_p99_s")
     seen_txt = "  -  " if seen is None else f"{seen:5.0%}"
-    wait_txt = "  -  " if wait is None else f"{wait * scale:5.2f}"
-    errors = f" ({trace.errors} errors)" if trace.errors else ""
-    return f"{pool.name:20} {agg:9.0f} {met:5.0%} {seen_txt} {wait_txt} s | {cells}{errors}"
+    wait_txt = "  -  " if wait is None else f"{wait * args.time_scale:5.2f}"
+    errors = r["trace"].errors
+    tail = f" ({errors} errors)" if errors else ""
+    return (
+        f"{s.pool.name:20} {s.aggregate:9.0f} {s.met_all:5.0%} {seen_txt} {wait_txt} s | "
+        f"{cells}{tail}"
+    )
+
+
+def _deep(pool: Pool) -> bool:
+    return not pool.lanes and (bool(pool.emulate) or min(pool.depths) >= DEEP)
+
+
+def _known(v: float) -> float:
+    return -math.inf if math.isnan(v) else v
+
+
+def verdicts(runs: list[Summary], names: list[str]) -> list[str]:
+    """The issue's claims for each lanes pool, in numbers: per phase, the interactive median
+    against the best deep pool's and the share at the target against 95% where any pool gets
+    95% of its interactive requests there; the aggregate against the best pool without lanes."""
+    others = [s for s in runs if not s.pool.lanes]
+    deep = [s for s in others if _deep(s.pool)]
+    lines = []
+    for ours in (s for s in runs if s.pool.lanes):
+        for i, name in enumerate(names):
+            if not deep or math.isnan(ours.medians[i]):
+                continue
+            best = max(deep, key=lambda s: _known(s.medians[i]))
+            fast = "yes" if ours.medians[i] >= best.medians[i] else "NO"
+            reach = [s.pool.name for s in runs if _known(s.met[i]) >= 0.95]
+            target = f"{ours.met[i]:.0%} at the target"
+            if reach:
+                ok = "yes" if ours.met[i] >= 0.95 else "NO"
+                target += f", 95%: {ok} ({len(reach)} pools reach it, e.g. {reach[0]})"
+            else:
+                target += " (no pool reaches 95%)"
+            lines.append(
+                f"{ours.pool.name:16} {name:14} median {ours.medians[i]:6.1f} vs "
+                f"{best.pool.name} {best.medians[i]:6.1f}: at least as fast: {fast}; {target}"
+            )
+        if others:
+            best_agg = max(others, key=lambda s: s.aggregate)
+            gap = ours.aggregate / best_agg.aggregate - 1
+            lines.append(
+                f"{ours.pool.name:16} aggregate {ours.aggregate:.0f} tok/s vs best alternative "
+                f"{best_agg.pool.name} {best_agg.aggregate:.0f}: {gap:+.1%} (within 2%: "
+                f"{'yes' if gap >= -0.02 else 'NO'})"
+            )
+    return lines
 
 
 def main() -> None:
@@ -226,6 +314,7 @@ def main() -> None:
     parser.add_argument("--where", action="store_true",
                         help="print where each phase's interactive requests ran")  # fmt: skip
     args = parser.parse_args()
+    configure_logging("warning")
     data = tomllib.loads(SCENARIO.read_text())
     phases = [(p["name"], p["concurrency"], p["duration"] * args.duration_scale)
               for p in data["phases"]]  # fmt: skip
@@ -237,15 +326,19 @@ def main() -> None:
     names = " ".join(n for n, _, _ in phases)
     print(f"{'pool':20} {'agg tok/s':>9} {'met':>5} {'/pool':>5} {'batch p99 wait':>7} | "
           f"interactive median tok/s per phase: {names}", flush=True)  # fmt: skip
+    runs: list[Summary] = []
     for pool in POOLS:
         if args.only and not any(o in pool.name for o in args.only):
             continue
         r = asyncio.run(one_pool(pool, args, phases, out))
-        print(row(pool, r, len(phases), args), flush=True)
+        runs.append(summary(pool, r, len(phases), args))
+        print(row(runs[-1], r, args), flush=True)
         if args.where:
             ran = [(d.phase, d.backend or "?") for d in r["trace"].done if d.lane == "interactive"]
             by_server = where([n for n, _, _ in phases], ran)
             print(f"   {pool.name}: interactive requests by server: {by_server}")
+    for line in verdicts(runs, [n for n, _, _ in phases]):
+        print(line)
 
 
 if __name__ == "__main__":
