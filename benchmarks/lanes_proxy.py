@@ -87,6 +87,7 @@ class Done:
     end: float
     backend: str | None = None
     """The server that answered (`x-specroute-backend`)."""
+    temperature: float = 0.0
 
 
 @dataclass
@@ -133,7 +134,7 @@ async def _request(
     timed = first is not None and tokens > 1 and end > first
     speed = (tokens - 1) / (end - first) if timed and first is not None else None
     lane = "interactive" if interactive else "batch"
-    trace.done.append(Done(lane, phase, tokens, speed, end, backend))
+    trace.done.append(Done(lane, phase, tokens, speed, end, backend, temperature))
 
 
 async def _stream(
@@ -257,6 +258,28 @@ def row(s: Summary, r: dict[str, Any], args: argparse.Namespace) -> str:
     )
 
 
+def by_temperature(trace: Trace, phases: list[tuple[str, int, float]], scale: float) -> str:
+    """Each phase's interactive requests per temperature: how many, and their median tok/s. The
+    lane's two kinds decode at very different speeds on a deep server (greedy about twice
+    chat's at k7), so in a short phase the lane's median is one kind's or the other's as the
+    draw falls."""
+    cells = []
+    for i, (name, _, _) in enumerate(phases):
+        kinds = []
+        for temperature, _ in INTERACTIVE:
+            speeds = [
+                d.speed / scale
+                for d in trace.done
+                if d.lane == "interactive"
+                and d.phase == i
+                and d.temperature == temperature
+                and d.speed is not None
+            ]
+            kinds.append(f"t={temperature:g} {len(speeds)} at {_median(speeds):.1f}")
+        cells.append(f"{name} {', '.join(kinds)}")
+    return "interactive by temperature (requests at median tok/s): " + "; ".join(cells)
+
+
 def _deep(pool: Pool) -> bool:
     return not pool.lanes and (bool(pool.emulate) or min(pool.depths) >= DEEP)
 
@@ -337,6 +360,7 @@ def main() -> None:
             ran = [(d.phase, d.backend or "?") for d in r["trace"].done if d.lane == "interactive"]
             by_server = where([n for n, _, _ in phases], ran)
             print(f"   {pool.name}: interactive requests by server: {by_server}")
+            print(f"   {pool.name}: {by_temperature(r['trace'], phases, args.time_scale)}")
     for line in verdicts(runs, [n for n, _, _ in phases]):
         print(line)
 
