@@ -79,6 +79,7 @@ class LanesSim(DepthSim):
         self.waits: dict[Lane, list[tuple[float, float]]] = {INTERACTIVE: [], BATCH: []}
         self.speeds: dict[Lane, list[tuple[float, float]]] = {INTERACTIVE: [], BATCH: []}
         self.ran: list[tuple[float, str]] = []  # each interactive request: when, which server
+        self.kinds: list[tuple[float, str, float]] = []  # each interactive one: when, class, tok/s
 
     def _next(self, user: int) -> Draw:
         if user not in self.pending:
@@ -138,6 +139,8 @@ class LanesSim(DepthSim):
         if generated > 1 and len(req.times) > 1:
             speed = (generated - 1) / (req.times[-1] - req.times[0])
             self.speeds[req.lane].append((self.now, speed))
+            if req.lane == INTERACTIVE:
+                self.kinds.append((self.now, req.klass, speed))
         if req.lane == INTERACTIVE:
             self.ran.append((self.now, self.nodes[req.backend].name))
 
@@ -172,6 +175,9 @@ class Run:
     lanes: bool
     ran: list[tuple[float, str]] = field(default_factory=list)
     """Where each interactive request ran: (when it ended, the server)."""
+    kinds: list[tuple[float, str, float]] = field(default_factory=list)
+    """Each interactive request's workload class (`model:workload`) and speed: (when it ended,
+    class, tok/s)."""
 
     def interactive(self, start: float, end: float) -> list[float]:
         return [v for t, v in self.speeds[INTERACTIVE] if start <= t < end]
@@ -190,7 +196,7 @@ def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run
     sim = LanesSim(args.profile, spec, share=args.share, lanes=lanes, target=args.target,
                    reserve=args.reserve, seed=args.seed, reconfigure=options)  # fmt: skip
     result = sim.run(load_scenario(SCENARIO), name, args.scale)
-    return Run(name, result, sim.speeds, sim.waits, lanes, sim.ran)
+    return Run(name, result, sim.speeds, sim.waits, lanes, sim.ran, sim.kinds)
 
 
 def configurations(mixes: list[str], profile: str) -> list[tuple[str, PoolSpec, bool]]:
@@ -267,6 +273,21 @@ def where(phases: list[str], ran: list[tuple[int, str]]) -> str:
     return "; ".join(cells)
 
 
+def by_class(r: Run) -> str:
+    """Each phase's interactive requests per class: how many, and their median tok/s. Greedy
+    ones decode about twice as fast as chat ones on a deep server, so a phase's median falls on
+    one side or the other as the draw goes ("The interactive median across seeds")."""
+    cells = []
+    for name, s, e in r.result.phases:
+        kinds = []
+        for draw in INTERACTIVE_DRAWS:
+            speeds = [v for t, k, v in r.kinds
+                      if k.rsplit(":", 1)[-1] == draw.workload and s <= t < e]  # fmt: skip
+            kinds.append(f"{draw.workload} {len(speeds)} at {_median(speeds):.1f}")
+        cells.append(f"{name} {', '.join(kinds)}")
+    return "interactive by class (requests at median tok/s): " + "; ".join(cells)
+
+
 def _phase_of(phases: list[tuple[str, float, float]], t: float) -> int:
     return next((i for i, (_, s, e) in enumerate(phases) if s <= t < e), len(phases) - 1)
 
@@ -315,6 +336,7 @@ def main() -> None:
         ran = [(_phase_of(phases, t), server) for t, server in r.ran]
         print(f"   {r.name}: interactive requests by server: "
               f"{where([n for n, _, _ in phases], ran)}")  # fmt: skip
+        print(f"   {r.name}: {by_class(r)}")
     for r in runs:
         for x in r.result.restarts:
             print(f"   {r.name}: {x.began:6.0f}s {x.server} {x.before} -> {x.after}: {x.reason}")
