@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from lanes_sim import where
+from lanes_sim import _deep, _median, _nan_low, where
 
-from specroute.bench.stats import percentile
 from specroute.children import free_port, spawn, stop_async, wait_ready
 from specroute.emulator.fleet import emulated_fleet
 from specroute.logs import configure_logging
@@ -74,8 +73,6 @@ POOLS = (
 """`lanes_sim.py`'s configurations but the planner's: every fixed pool, the adaptive pools (the
 same tiers: SGLang's default, deepest 7, and `examples/adaptive-capped-3.json`), and two mixed
 pools with lanes and without (`k2/k2/k5`: the best one never moved in virtual time)."""
-DEEP = 3
-"""The deep pools the issue compares the interactive lane with: k3..k7 and the adaptive ones."""
 
 
 @dataclass
@@ -209,10 +206,6 @@ async def one_pool(
     return {"trace": trace, "wall": wall, "lanes": lanes}
 
 
-def _median(values: list[float]) -> float:
-    return percentile(values, 50) if values else float("nan")
-
-
 @dataclass(frozen=True)
 class Summary:
     """One pool's figures: the aggregate, the interactive lane's median speed and share at the
@@ -280,28 +273,20 @@ def by_temperature(trace: Trace, phases: list[tuple[str, int, float]], scale: fl
     return "interactive by temperature (requests at median tok/s): " + "; ".join(cells)
 
 
-def _deep(pool: Pool) -> bool:
-    return not pool.lanes and (bool(pool.emulate) or min(pool.depths) >= DEEP)
-
-
-def _known(v: float) -> float:
-    return -math.inf if math.isnan(v) else v
-
-
 def verdicts(runs: list[Summary], names: list[str]) -> list[str]:
     """The issue's claims for each lanes pool, in numbers: per phase, the interactive median
     against the best deep pool's and the share at the target against 95% where any pool gets
     95% of its interactive requests there; the aggregate against the best pool without lanes."""
     others = [s for s in runs if not s.pool.lanes]
-    deep = [s for s in others if _deep(s.pool)]
+    deep = [s for s in others if s.pool.name.startswith("3 x ") and _deep(s.pool.name)]
     lines = []
     for ours in (s for s in runs if s.pool.lanes):
         for i, name in enumerate(names):
             if not deep or math.isnan(ours.medians[i]):
                 continue
-            best = max(deep, key=lambda s: _known(s.medians[i]))
+            best = max(deep, key=lambda s: _nan_low(s.medians[i]))
             fast = "yes" if ours.medians[i] >= best.medians[i] else "NO"
-            reach = [s.pool.name for s in runs if _known(s.met[i]) >= 0.95]
+            reach = [s.pool.name for s in runs if _nan_low(s.met[i]) >= 0.95]
             target = f"{ours.met[i]:.0%} at the target"
             if reach:
                 ok = "yes" if ours.met[i] >= 0.95 else "NO"
