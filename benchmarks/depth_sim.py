@@ -21,7 +21,7 @@ import asyncio
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 from depth_pools import ROOT, PoolSpec, adaptive_configs, load_prior, pools, setting_of
@@ -75,6 +75,47 @@ class SimServer:
     """The loop's restart waiting for this server to come up."""
 
 
+@dataclass
+class Where:
+    """Where the users were over [start, end): each server's tokens and its requests in
+    flight by class, weighed by time (`--where`)."""
+
+    start: float
+    end: float
+    tokens: dict[str, float] = field(default_factory=dict)
+    users: dict[tuple[str, str], float] = field(default_factory=dict)
+    last: float | None = None
+
+    def tally(
+        self, now: float, running: Mapping[str, Req], it: Iteration, labels: list[str]
+    ) -> None:
+        """Before `it`'s tokens land: the time since the last tally at the requests in flight
+        then (every server emits every few tens of milliseconds, so that is their count),
+        each under its server's depth of the moment (`labels`)."""
+        t = min(max(now, self.start), self.end)
+        if self.last is not None and t > self.last:
+            for req in running.values():
+                key = (f"b{req.backend} {labels[req.backend]}", req.klass.rsplit(":", 1)[-1])
+                self.users[key] = self.users.get(key, 0.0) + (t - self.last)
+        self.last = t
+        if self.start <= now < self.end:
+            for em in it.emissions:
+                emitting = running.get(em.seq.rid)
+                if emitting is not None:
+                    server = f"b{emitting.backend} {labels[emitting.backend]}"
+                    self.tokens[server] = self.tokens.get(server, 0.0) + em.tokens
+
+    def lines(self) -> list[str]:
+        span = self.end - self.start
+        out = [f"   {self.start:.0f}-{self.end:.0f} s, each server (at each depth it ran): "
+               "tok/s, requests in flight by class"]  # fmt: skip
+        for server in sorted({*self.tokens, *(n for n, _ in self.users)}):
+            users = {k: v / span for (n, k), v in sorted(self.users.items()) if n == server}
+            cells = ", ".join(f"{k} {v:.2f}" for k, v in users.items())
+            out.append(f"     {server:8} {self.tokens.get(server, 0.0) / span:7.0f}  {cells}")
+        return out
+
+
 class DepthSim(PoolSim):
     """A pool whose servers can be restarted at another depth while the trace runs; with a
     planner, the product's `Reconfigurer` runs beside it on the simulator's clock."""
@@ -93,6 +134,7 @@ class DepthSim(PoolSim):
         drain_limit_s: float = 120.0,
         reconfigure: ReconfigureOptions | None = None,
         planner: Mapping[str, str] | None = None,
+        where: tuple[float, float] | None = None,
     ) -> None:
         super().__init__(profile, [s.steps for s in spec.settings], create(spec.policy), seed=seed)
         configs = adaptive_configs().values()
@@ -122,6 +164,7 @@ class DepthSim(PoolSim):
         self.finished: list[tuple[float, float]] = []
         self.restarts: list[Restart] = []
         self.decisions: list[tuple[float, str, str, tuple[str, ...]]] = []
+        self.where = Where(*where) if where is not None else None
 
     def _engine(self, setting: Setting, salt: int) -> Engine:
         seed = self.seed * 1000 + salt
@@ -170,6 +213,8 @@ class DepthSim(PoolSim):
         self.resend(req.user)
 
     def _emit(self, it: Iteration) -> None:
+        if self.where is not None:
+            self.where.tally(self.now, self.reqs, it, [x.setting.label for x in self.slots])
         b = int(self.now // BIN_S)
         if b >= len(self.bins):
             self.bins.extend([0.0] * (b + 1 - len(self.bins)))
@@ -410,6 +455,14 @@ def parse_restart(text: str) -> Manual:
     return float(at), int(server), Setting(steps=int(depth.removeprefix("k")))
 
 
+def parse_window(text: str) -> tuple[float, float]:
+    """`700:800`: from 700 s to 800 s."""
+    start, end = (float(x) for x in text.split(":"))
+    if not 0 <= start < end:
+        raise argparse.ArgumentTypeError(f"{text!r}: START:END with 0 <= START < END")
+    return start, end
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="seed-qwen35-122b")
@@ -430,6 +483,11 @@ def main() -> None:
         "--log-level", default="warning", choices=("debug", "info", "warning"),
         help="info: the loop's plan, restart and account lines (on stderr) beside the table",
     )  # fmt: skip
+    parser.add_argument(
+        "--where", type=parse_window, default=None, metavar="START:END",
+        help="also print each server's tok/s and its requests in flight by class over "
+        "[START, END) seconds (where the routing put the users)",
+    )  # fmt: skip
     args = parser.parse_args()
     configure_logging(args.log_level)  # by default the loop's plan lines would drown the table
     scenario = load_scenario(args.trace)
@@ -439,14 +497,17 @@ def main() -> None:
             pools(args.profile)[pool], allow_adaptive=args.allow_adaptive,
             min_dwell_s=args.min_dwell, planner=planner_fields(args.planner_option), **given,
         )  # fmt: skip
-        r = simulate(args.profile, pool, scenario, seed=args.seed, scale=args.scale,
-                     manual=args.restart, startup_s=args.startup, reconfigure=options)  # fmt: skip
+        sim = DepthSim(args.profile, pools(args.profile)[pool], seed=args.seed,
+                       startup_s=args.startup, reconfigure=options, where=args.where)  # fmt: skip
+        r = sim.run(scenario, pool, args.scale, args.restart)
         agg, avg, p10 = r.window(0.0, r.phases[-1][2])
         cells = " ".join(f"{r.window(s, e)[0]:7.0f}" for _, s, e in r.phases)
         print(f"{pool:12} total {agg:7.0f} mean {avg:6.1f} p10 {p10:6.1f} | {cells}")
         for x in r.restarts:
             print(f"   {x.began:8.0f}s {x.server} {x.before} -> {x.after} ready "
                   f"{x.ready or float('nan'):8.0f}s aborted {x.aborted}: {x.reason}")  # fmt: skip
+        if sim.where is not None:
+            print("\n".join(sim.where.lines()))
 
 
 if __name__ == "__main__":

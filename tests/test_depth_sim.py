@@ -224,3 +224,28 @@ def test_depth_bound_prints_autos_own_figures_where_no_fixed_pool_ran(
                                  finished=[], restarts=restarts, accounts=accounts)  # fmt: skip
     lines = depth_bound._unbounded("seed-qwen35-122b", "tiny", {"auto": auto})
     assert "- auto: 100 tok/s, 3 restarts, forecast error 3.0% (2)" in lines
+
+
+def test_where_puts_every_user_and_token_on_the_server_and_depth_that_had_them(
+    depth_sim: ModuleType, tmp_path: Path
+) -> None:
+    """`--where START:END`: the servers' tokens add up to the pool's over the window, the
+    requests in flight to its users, and a server restarted inside the window has a row at
+    each depth it ran."""
+    trace = scenario(tmp_path, [("busy", 12, 200.0, SAMPLED)])
+    manual = [(60.0, 2, depth_sim.Setting(steps=1))]
+    sim = depth_sim.DepthSim(
+        "seed-qwen35-122b", depth_sim.pools()["mix-1-2-3"], startup_s=20.0, where=(40.0, 160.0)
+    )
+    result = sim.run(trace, "mix-1-2-3", manual=manual)
+    where = sim.where
+    assert sum(where.tokens.values()) / 120.0 == pytest.approx(result.window(40.0, 160.0)[0], 0.02)
+    assert set(where.tokens) == {"b0 k1", "b1 k2", "b2 k3", "b2 k1"}
+    # The 12 users' requests, each on one server at any moment (b0 and b1 have room for all
+    # of them while b2 is away).
+    assert sum(where.users.values()) / 120.0 == pytest.approx(12.0, abs=0.05)
+    assert sum(v for (server, _), v in where.users.items() if server == "b2 k1") > 0
+    assert {cls for _, cls in where.users} == {"sampled"}
+    lines = where.lines()
+    assert lines[0].startswith("   40-160 s")
+    assert len(lines) == 5
