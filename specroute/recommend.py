@@ -32,6 +32,7 @@ __all__ = [
     "diminishing",
     "geomean",
     "pool_loads",
+    "pool_values",
     "primary",
     "regimes",
     "step_gains",
@@ -206,6 +207,15 @@ def _pool(marginals: Sequence[Sequence[float]], loads: Sequence[int]) -> dict[in
     merged = sorted(itertools.chain.from_iterable(marginals), reverse=True)
     sums = list(itertools.accumulate(merged, initial=0.0))
     return {load: sums[min(load, len(merged))] for load in loads}
+
+
+def pool_values(
+    table: Mapping[str, Curve], servers: Sequence[str], loads: Sequence[int]
+) -> dict[int, float]:
+    """The pool of `servers` (labels, one per server) at each of `loads` users, as `best_mix`
+    values it: each user takes the largest gain left."""
+    lists = [_marginals(table[lab], max(loads)) for lab in servers]
+    return _pool(lists, loads)
 
 
 def best_mix(

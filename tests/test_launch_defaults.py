@@ -107,6 +107,37 @@ def test_without_a_prior_the_defaults_hold_and_steps_are_needed() -> None:
         launch_depths(steps=None, allowed=(6, 7), prior=_prior())
 
 
+def test_the_pool_for_every_load_names_the_loads_another_pool_serves_better() -> None:
+    """The pool chosen over every load the tune measured says at which of them another pool
+    gains 5% or more, and which: the operator whose load stays there names it with
+    --expected-users, and gets that pool."""
+    depths = launch_depths(steps=None, allowed=None, prior=_prior(), prior_name="p.json")
+    assert depths.steps == (1, 1, 3)
+    named = depths.steps_from.split("geometric mean over 3-192 users; ")[1]
+    assert named.endswith(": --expected-users N chooses for N at once)")
+    claims = [c.split(" ") for c in named.split(":")[0].split(", ")]
+    assert claims, depths.steps_from
+    for pool, gain, _, users, _ in claims:
+        assert float(gain.rstrip("%")) >= 5.0
+        chosen = launch_depths(steps=None, allowed=None, prior=_prior(), users=int(users))
+        assert ",".join(map(str, chosen.steps)) == pool
+    # One depth measured: one pool at every load, nothing to name.
+    alone = launch_depths(steps=None, allowed=None, prior=_prior((1,)), prior_name="p.json")
+    assert alone.steps_from.endswith("geometric mean over 3-192 users)")
+
+
+def test_a_pool_better_by_less_than_5_percent_at_one_load_is_not_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Three k0 servers 3% over three k3 at 64 users each, behind them at every other load.
+    monkeypatch.setitem(SAMPLED[0], 64, SAMPLED[3][64] * 1.03)
+    depths = launch_depths(steps=None, allowed=None, prior=_prior((0, 3)), prior_name="p.json")
+    assert depths.steps == (3, 3, 3)
+    busy = launch_depths(steps=None, allowed=None, prior=_prior((0, 3)), users=192)
+    assert busy.steps == (0, 0, 0)
+    assert depths.steps_from.endswith("geometric mean over 3-192 users)")
+
+
 def _dry_run(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
     status = main(["launch", "--emulate", "--dry-run", *flags])
     captured = capsys.readouterr()

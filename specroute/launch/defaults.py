@@ -17,7 +17,17 @@ from specroute.planner.forecast import Physics
 from specroute.planner.tables import table_settings
 from specroute.policies import ClassEstimate
 from specroute.profile_format import Profile, Target, depth_curves
-from specroute.recommend import MIN_MIX_GAIN, Advice, advise, best_mix, curves, primary
+from specroute.recommend import (
+    MIN_MIX_GAIN,
+    MIN_STEP_GAIN,
+    Advice,
+    MixAdvice,
+    advise,
+    best_mix,
+    curves,
+    pool_values,
+    primary,
+)
 from specroute.reconfigure.loop import ReconfigureOptions
 
 __all__ = ["LaunchDepths", "launch_depths", "measured_depths"]
@@ -117,12 +127,35 @@ def _recommended(
         f"for {users} requests at once"
         if users
         else f"geometric mean over {loads[0]}-{loads[-1]} users"
+        + _elsewhere(curves(profile, chosen.traffic), mix, list(steps_of), steps_of)
     )
     why = (
         f"the pool {name} recommends for {chosen.traffic} traffic with {servers} servers "
         f"({against}; {at})"
     )
     return tuple(sorted(steps_of[label] for label in mix.servers)), why
+
+
+def _elsewhere(
+    table: dict[str, dict[int, float]], mix: MixAdvice, labels: list[str], steps_of: dict[str, int]
+) -> str:
+    """Where the pool chosen over every load is not the one for a load the operator expects:
+    each load it was judged at where another pool gains `MIN_STEP_GAIN` or more over it, with
+    that pool, and the flag that chooses for one load ("" where there is none)."""
+    servers = len(mix.servers)
+    found = []
+    for load in sorted(mix.by_load):
+        there = best_mix(table, servers, labels, (), loads=(load,))
+        if there is None or sorted(there.servers) == sorted(mix.servers):
+            continue
+        ours = pool_values(table, mix.servers, (load,))[load]
+        gain = pool_values(table, there.servers, (load,))[load] / ours - 1 if ours > 0 else 0.0
+        if gain >= MIN_STEP_GAIN:
+            pool = ",".join(str(k) for k in sorted(steps_of[label] for label in there.servers))
+            found.append(f"{pool} {gain:+.1%} at {load} users")
+    if not found:
+        return ""
+    return f"; {', '.join(found)}: --expected-users N chooses for N at once"
 
 
 def _tables(profile: Profile, steps: tuple[int, ...], servers: int) -> dict[int, Table]:
