@@ -52,9 +52,13 @@ def prior_path(profile: str) -> Path:
 
 
 def launched(
-    profile: str, path: Path | None = None, users: int | None = None, tables: bool = False
+    profile: str,
+    path: Path | None = None,
+    users: int | None = None,
+    tables: bool = False,
+    servers: int = SERVERS,
 ) -> LaunchDepths | None:
-    """What `specroute launch --prior P.json --servers 3 [--expected-users U]` starts and lets
+    """What `specroute launch --prior P.json --servers N [--expected-users U]` starts and lets
     the planner use, by launch's own rule (`path`: the prior, by default the profile's SGLang
     tune; `tables`: vLLM's K-per-batch tables, `--allow-adaptive`); None when no prior was
     tuned."""
@@ -63,17 +67,21 @@ def launched(
         return None
     prior = decode_profile(path.read_bytes(), source=path.name)
     return launch_depths(steps=None, allowed=None, prior=prior, prior_name=path.name,
-                         servers=SERVERS, users=users, tables=tables)  # fmt: skip
+                         servers=servers, users=users, tables=tables)  # fmt: skip
 
 
 def tuned(
-    profile: str, path: Path | None = None, users: int | None = None, tables: bool = False
+    profile: str,
+    path: Path | None = None,
+    users: int | None = None,
+    tables: bool = False,
+    servers: int = SERVERS,
 ) -> dict[str, PoolSpec]:
     """`auto`, what `specroute launch --prior P.json [--expected-users U] --reconfigure auto`
     runs (the prior's pool and depths, launch's default policy; with `tables`, vLLM's
     K-per-batch tables as `--allow-adaptive` starts them), and `launched`, the same never
     reconfigured; none without a prior."""
-    depths = launched(profile, path, users, tables)
+    depths = launched(profile, path, users, tables, servers)
     if depths is None:
         return {}
     chosen = tuple(Setting(steps=k, table=depths.tables.get(k, ())) for k in depths.steps)

@@ -23,13 +23,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import msgspec
-from depth_pools import ROOT, PoolSpec, pools, tuned
+from depth_pools import ROOT, SERVERS, PoolSpec, pools, tuned
 from depth_sim import DepthSim
 from policy_sim import Draw, Req
 from sim_results import SimResult
 
 from specroute.bench.stats import percentile
-from specroute.bench.trace import load_scenario
+from specroute.bench.trace import Scenario, load_scenario
 from specroute.lanes import BATCH, INTERACTIVE, Lane
 from specroute.logs import configure_logging
 from specroute.planner import Setting
@@ -191,23 +191,36 @@ class Run:
         return percentile(waits, 99) if waits else 0.0
 
 
+def scenario(servers: int = SERVERS) -> Scenario:
+    """scenarios/policy-eval.toml, its users scaled from three servers to `servers`."""
+    base = load_scenario(SCENARIO)
+    phases = [
+        msgspec.structs.replace(p, concurrency=max(1, round(p.concurrency * servers / SERVERS)))
+        for p in base.phases
+    ]
+    return msgspec.structs.replace(base, phases=phases)
+
+
 def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run:
     options = ReconfigureOptions(mode="auto", allowed_steps=tuple(range(8)))
     sim = LanesSim(args.profile, spec, share=args.share, lanes=lanes, target=args.target,
                    reserve=args.reserve, seed=args.seed, reconfigure=options)  # fmt: skip
-    result = sim.run(load_scenario(SCENARIO), name, args.scale)
+    result = sim.run(scenario(getattr(args, "servers", SERVERS)), name, args.scale)
     return Run(name, result, sim.speeds, sim.waits, lanes, sim.ran, sim.kinds)
 
 
-def configurations(mixes: list[str], profile: str) -> list[tuple[str, PoolSpec, bool]]:
+def configurations(
+    mixes: list[str], profile: str, servers: int = SERVERS
+) -> list[tuple[str, PoolSpec, bool]]:
     """(name, pool, lanes) of every configuration compared: first lanes with the planner as
-    `specroute launch --prior P.json --reconfigure auto` starts it from the profile's tune prior
-    (its pool and depths, the proxy starting from the prior: the product's defaults), where
-    one exists; on the first mix lanes with the planner, lanes and no lanes; on the others
-    lanes and no lanes."""
+    `specroute launch --prior P.json --servers N --reconfigure auto` starts it from the
+    profile's tune prior (its pool and depths, the proxy starting from the prior: the product's
+    defaults), where one exists; on the first mix lanes with the planner, lanes and no lanes;
+    on the others lanes and no lanes; then `servers` servers at each fixed depth and each
+    adaptive setting."""
     known = pools()
     out = []
-    launched = tuned(profile).get("auto")
+    launched = tuned(profile, servers=servers).get("auto")
     if launched is not None:
         label = "/".join(s.label for s in launched.settings)
         out.append((f"lanes + planner, launched {label}", launched, True))
@@ -219,9 +232,12 @@ def configurations(mixes: list[str], profile: str) -> list[tuple[str, PoolSpec, 
             out.append((f"lanes + planner from {label}", spec, True))
         out.append((f"lanes {label}", PoolSpec(mix, "throughput"), True))
         out.append((f"no lanes {label}", PoolSpec(mix, "throughput"), False))
-    fixed = [(f"3 x k{k}", known[f"k{k}"], False) for k in range(8)]
-    adaptive = [(f"3 x {n}", known[n], False) for n in ("adaptive<=3", "adaptive<=7")]
-    return out + fixed + adaptive
+    alike = {f"k{k}": known[f"k{k}"] for k in range(8)}
+    alike.update((n, known[n]) for n in ("adaptive<=3", "adaptive<=7"))
+    return out + [
+        (f"{servers} x {n}", PoolSpec((spec.settings[0],) * servers, spec.policy), False)
+        for n, spec in alike.items()
+    ]
 
 
 def _median(values: list[float]) -> float:
@@ -244,7 +260,7 @@ def report(runs: list[Run], target: float) -> list[str]:
 def verdicts(runs: list[Run], target: float) -> list[str]:
     """The issue's three claims for the planned lanes pool (the first run), in numbers."""
     ours, others = runs[0], runs[1:]
-    deep = [r for r in others if r.name.startswith("3 x ") and _deep(r.name)]
+    deep = [r for r in others if _alike(r.name) and _deep(r.name)]
     lines = []
     for name, s, e in ours.result.phases if deep else ():
         mine = _median(ours.interactive(s, e))
@@ -292,9 +308,15 @@ def _phase_of(phases: list[tuple[str, float, float]], t: float) -> int:
     return next((i for i, (_, s, e) in enumerate(phases) if s <= t < e), len(phases) - 1)
 
 
+def _alike(name: str) -> bool:
+    """A pool of servers all at one setting (`3 x k7`, `6 x adaptive<=7`)."""
+    count, sep, _ = name.partition(" x ")
+    return bool(sep) and count.isdigit()
+
+
 def _deep(name: str) -> bool:
     """The pools the issue calls deep: k3..k7 and the adaptive ones."""
-    tail = name.removeprefix("3 x ")
+    tail = name.partition(" x ")[2] if _alike(name) else name
     return tail.startswith("adaptive") or int(tail.removeprefix("k")) >= 3
 
 
@@ -317,14 +339,24 @@ def main() -> None:
         help=f"a mixed pool for lanes (first: the planner's start; {LANES_MIX})",
     )
     parser.add_argument("--only", action="append", default=[], help="pools whose name has this")
+    parser.add_argument(
+        "--servers", type=int, default=SERVERS,
+        help="servers per pool; the trace's users scale with them (3: as run)",
+    )  # fmt: skip
     parser.add_argument("--where", action="store_true",
                         help="print where each phase's interactive requests ran")  # fmt: skip
     args = parser.parse_args()
     configure_logging("warning")
-    every = configurations(args.mix or [LANES_MIX], args.profile)
+    if args.servers < 1:
+        parser.error("--servers must be at least 1")
+    mixes = args.mix or ([LANES_MIX] if args.servers == SERVERS else [])
+    if any(len(m.split(",")) != args.servers for m in mixes):
+        parser.error(f"each --mix names {args.servers} depths (--servers)")
+    every = configurations(mixes, args.profile, args.servers)
     wanted = [c for c in every if not args.only or any(o in c[0] for o in args.only)]
     print(f"interactive share {args.share:.0%}, target {args.target:.0f} tok/s, reserve "
-          f"{args.reserve}, profile {args.profile}, phases x{args.scale:g}")  # fmt: skip
+          f"{args.reserve}, profile {args.profile}, phases x{args.scale:g}, "
+          f"{args.servers} servers")  # fmt: skip
     runs = []
     for name, spec, lanes in wanted:
         runs.append(run(name, spec, lanes, args))
