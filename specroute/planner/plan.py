@@ -4,7 +4,6 @@ the pool's servers and the estimators; the plan says what to restart and why, in
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections import deque
@@ -23,6 +22,7 @@ from specroute.planner.forecast import (
 )
 from specroute.planner.lanes import LaneDemand, lane_reason, served_first
 from specroute.planner.regime import Past, Regime, RegimeTracker
+from specroute.planner.search import candidates
 from specroute.planner.tables import table_settings
 
 __all__ = ["Planner"]
@@ -263,8 +263,9 @@ class Planner:
         escape: float,
     ) -> tuple[_Candidate | None, _Candidate | None, _Held | None]:
         """(best paying candidate, best one that gains at all, best one the peak rule excludes
-        that would gain) over every multiset of settings, each valued over the horizon (its
-        length, and the loads it is expected to hold)."""
+        that would gain) over the pools `search.candidates` gives (every multiset of settings
+        in a pool of up to five servers), each valued over the horizon (its length, and the
+        loads it is expected to hold)."""
         o = self.options
         horizon_s, loads = horizon
         current = tuple(s.setting for s in servers)
@@ -290,7 +291,7 @@ class Planner:
         best: _Candidate | None = None
         gaining: _Candidate | None = None
         held: _Held | None = None
-        for combo in itertools.combinations_with_replacement(choices, len(servers)):
+        for combo in candidates(current, choices):
             settings = _assign(current, combo)
             if settings == current or _undoes(servers, settings, regime):
                 continue
