@@ -24,12 +24,14 @@ SEARCH_LIMIT = 1000
 
 
 def candidates(
-    current: Sequence[Setting], choices: Sequence[Setting], limit: int = SEARCH_LIMIT
+    current: Sequence[Setting], choices: Sequence[Setting], limit: int | None = None
 ) -> list[tuple[Setting, ...]]:
     """The pools of `len(current)` servers a plan values, each a multiset of `choices` in
     their order: all of them while they number at most `limit`; else those that change at
     most `d` servers of `current`, for the largest `d` that keeps them within `limit` (at
-    least one change: a server whose setting is not among `choices` always changes)."""
+    least one change: a server whose setting is not among `choices` always changes). `limit`
+    defaults to `SEARCH_LIMIT` as it is when called."""
+    limit = SEARCH_LIMIT if limit is None else limit
     n = len(current)
     if math.comb(len(choices) + n - 1, n) <= limit:
         return list(itertools.combinations_with_replacement(choices, n))
