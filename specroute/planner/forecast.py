@@ -135,7 +135,7 @@ class Physics:
 class _Server:
     """One server while users are placed: its class counts and what they yield."""
 
-    __slots__ = ("capacity", "counts", "phys", "running", "setting", "tok_s")
+    __slots__ = ("capacity", "counts", "phys", "running", "scored", "setting", "tok_s")
 
     def __init__(self, setting: Setting, phys: Physics) -> None:
         self.setting = setting
@@ -144,6 +144,10 @@ class _Server:
         self.counts: dict[str, float] = {}
         self.running = 0.0
         self.tok_s = 0.0
+        self.scored: dict[tuple[str, Objective, float], float | None] = {}
+        """`score`'s answers since the counts last changed: a user placed elsewhere leaves
+        this server's scores as they were, so each placement scores one server afresh (the
+        one that took the last user), not all of them. Most of a plan's time was spent here."""
 
     def depth(self, counts: Mapping[str, float], batch: float) -> int:
         """The depth at `batch` running: fixed, or where SGLang's tier rule settles (step
@@ -189,17 +193,25 @@ class _Server:
     def score(self, klass: str, objective: Objective, floor: float) -> float | None:
         """What one more `klass` user here scores: the gain in tok/s, or its own speed for
         `latency`; None for `goodput` when a request here would fall under the floor."""
+        key = (klass, objective, floor)
+        if key in self.scored:
+            return self.scored[key]
         _, tok_s, speeds = self.rates(self.joined(klass))
+        value: float | None
         if objective == "latency":
-            return speeds[klass]
-        if objective == "goodput" and min(speeds.values()) < floor:
-            return None
-        return tok_s - self.tok_s
+            value = speeds[klass]
+        elif objective == "goodput" and min(speeds.values()) < floor:
+            value = None
+        else:
+            value = tok_s - self.tok_s
+        self.scored[key] = value
+        return value
 
     def join(self, klass: str) -> None:
         self.counts = self.joined(klass)
         self.running += 1
         self.tok_s = self.rates(self.counts)[1]
+        self.scored.clear()
 
 
 def user_split(concurrency: float, shares: Mapping[str, float]) -> dict[str, float]:
@@ -335,6 +347,7 @@ def _blind(servers: list[_Server], users: Mapping[str, int]) -> int:
         server.counts = {c: server.capacity * fill * n / total for c, n in users.items()}
         server.running = server.capacity * fill
         server.tok_s = server.rates(server.counts)[1] if server.counts else 0.0
+        server.scored.clear()
     return max(0, total - slots)
 
 

@@ -3,11 +3,11 @@ those within the most server changes of the current pool that keep their number 
 
 Valuing a pool forecasts it at every load of the horizon, and the multisets grow as
 C(settings + servers - 1, servers): with eight depths, 120 pools of three servers, 792 of
-five, 1,716 of six, 6,435 of eight. Valued one by one, a plan of three servers took about 60
-ms on the two-core machine this was written on, six 1.4 s and eight 7 s, run every 10 s on
-the launcher's event loop (`benchmarks/plan_time.py` prints it). A pool further than the bound
-from the current one is reached through pools within it: the plan after each restart searches
-again from where the pool then is. Pure."""
+five, 1,716 of six, 6,435 of eight. Valuing every one, a plan of six servers takes about 1.3 s
+on the two-core machine this was written on and eight 6.6 s, run every 10 s on the launcher's
+event loop; bounded, 0.5 s and 0.6 s (`benchmarks/plan_time.py` prints it). A pool further
+than the bound from the current one is reached through pools within it: the plan after each
+restart searches again from where the pool then is. Pure."""
 
 from __future__ import annotations
 
