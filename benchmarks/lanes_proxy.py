@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from lanes_sim import _deep, _median, _nan_low, where
+from lanes_sim import _alike, _deep, _median, _nan_low, where
 
 from specroute.children import free_port, spawn, stop_async, wait_ready
 from specroute.emulator.fleet import emulated_fleet
@@ -278,7 +278,7 @@ def verdicts(runs: list[Summary], names: list[str]) -> list[str]:
     against the best deep pool's and the share at the target against 95% where any pool gets
     95% of its interactive requests there; the aggregate against the best pool without lanes."""
     others = [s for s in runs if not s.pool.lanes]
-    deep = [s for s in others if s.pool.name.startswith("3 x ") and _deep(s.pool.name)]
+    deep = [s for s in others if _alike(s.pool.name) and _deep(s.pool.name)]
     lines = []
     for ours in (s for s in runs if s.pool.lanes):
         for i, name in enumerate(names):

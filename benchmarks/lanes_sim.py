@@ -201,11 +201,13 @@ def scenario(servers: int = SERVERS) -> Scenario:
     return msgspec.structs.replace(base, phases=phases)
 
 
-def run(name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace) -> Run:
+def run(
+    name: str, spec: PoolSpec, lanes: bool, args: argparse.Namespace, servers: int = SERVERS
+) -> Run:
     options = ReconfigureOptions(mode="auto", allowed_steps=tuple(range(8)))
     sim = LanesSim(args.profile, spec, share=args.share, lanes=lanes, target=args.target,
                    reserve=args.reserve, seed=args.seed, reconfigure=options)  # fmt: skip
-    result = sim.run(scenario(getattr(args, "servers", SERVERS)), name, args.scale)
+    result = sim.run(scenario(servers), name, args.scale)
     return Run(name, result, sim.speeds, sim.waits, lanes, sim.ran, sim.kinds)
 
 
@@ -359,7 +361,7 @@ def main() -> None:
           f"{args.servers} servers")  # fmt: skip
     runs = []
     for name, spec, lanes in wanted:
-        runs.append(run(name, spec, lanes, args))
+        runs.append(run(name, spec, lanes, args, args.servers))
         print(report(runs[-1:], args.target)[1], flush=True)  # its row, as it comes
     for line in report(runs, args.target):
         print(line)

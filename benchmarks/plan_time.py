@@ -20,16 +20,16 @@ import time
 from depth_pools import pools
 from depth_sim import LAUNCH_LIMIT, DepthSim
 
-from specroute.planner import Planner, PlannerOptions, ServerState, search
+from specroute.planner import Estimates, Planner, PlannerOptions, ServerState, search
 from specroute.reconfigure.readings import estimates
 
 
-def plan_seconds(planner: Planner, now: float, servers: list[ServerState], est: object) -> float:
+def plan_seconds(planner: Planner, now: float, servers: list[ServerState], est: Estimates) -> float:
     """The median of three plans' wall time (each a fresh search: nothing is kept between)."""
     times = []
     for i in range(3):
         started = time.perf_counter()
-        planner.plan(now + 10.0 * i, servers, est)  # type: ignore[arg-type]
+        planner.plan(now + 10.0 * i, servers, est)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 
@@ -45,12 +45,12 @@ def main() -> None:
     args = parser.parse_args()
     auto = pools(args.profile)["auto"]
     allowed = auto.allowed or (0, 1, 2, 3)
-    est = estimates(DepthSim(args.profile, auto).snapshot(), allowed, lambda k: LAUNCH_LIMIT)
+    sim = DepthSim(args.profile, auto)
+    est = estimates(sim.snapshot(), allowed, lambda k: LAUNCH_LIMIT)
     if est is None:
         raise SystemExit(f"{args.profile}: the prior gives the planner no estimates")
     setting = auto.settings[0]
-    model = DepthSim(args.profile, auto).model
-    greedy, sampled = f"{model}:greedy", f"{model}:sampled"
+    greedy, sampled = f"{sim.model}:greedy", f"{sim.model}:sampled"
     options = PlannerOptions(max_steps=max(allowed), confirm_s=0.0)
     print(f"profile {args.profile}, depths {min(allowed)}-{max(allowed)}, servers at "
           f"{setting.label}, search bound {search.SEARCH_LIMIT} pools")  # fmt: skip
