@@ -32,6 +32,7 @@ from sim_results import BIN_S, Restart, SimResult
 from specroute.bench.trace import Scenario, load_scenario
 from specroute.bench.workload import Sampling
 from specroute.emulator.engine import Engine, Iteration
+from specroute.emulator.profiles import PROFILES
 from specroute.logs import configure_logging
 from specroute.planner import Setting
 from specroute.policies import create
@@ -463,6 +464,20 @@ def parse_window(text: str) -> tuple[float, float]:
     return start, end
 
 
+def with_profile_fields(profile: str, given: Sequence[str]) -> None:
+    """`--profile-field prefill_base=0`: the emulated engine with these fields of `profile`
+    replaced, for this run (what one part of the emulated GPU costs a pool). The simulated
+    proxy's prior is the tune's as measured, so forecasts keep the unchanged profile's."""
+    fields = {}
+    for text in given:
+        key, sep, value = text.partition("=")
+        if not sep or key not in PROFILES[profile].__struct_fields__:
+            raise SystemExit(f"--profile-field {text!r}: KEY=NUMBER, KEY a field of the profile")
+        fields[key] = float(value)
+    if fields:
+        PROFILES[profile] = msgspec.structs.replace(PROFILES[profile], **fields)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="seed-qwen35-122b")
@@ -484,12 +499,18 @@ def main() -> None:
         help="info: the loop's plan, restart and account lines (on stderr) beside the table",
     )  # fmt: skip
     parser.add_argument(
+        "--profile-field", action="append", default=[], metavar="KEY=NUMBER",
+        help="run the emulated engine with this profile field replaced, e.g. prefill_base=0 "
+        "(repeatable; what that cost does to a pool)",
+    )  # fmt: skip
+    parser.add_argument(
         "--where", type=parse_window, default=None, metavar="START:END",
         help="also print each server's tok/s and its requests in flight by class over "
         "[START, END) seconds (where the routing put the users)",
     )  # fmt: skip
     args = parser.parse_args()
     configure_logging(args.log_level)  # by default the loop's plan lines would drown the table
+    with_profile_fields(args.profile, args.profile_field)
     scenario = load_scenario(args.trace)
     for pool in args.pool or ["auto"]:
         given = {"allowed_steps": allowed_steps(args.allowed_steps)} if args.allowed_steps else {}

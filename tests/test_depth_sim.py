@@ -249,3 +249,19 @@ def test_where_puts_every_user_and_token_on_the_server_and_depth_that_had_them(
     lines = where.lines()
     assert lines[0].startswith("   40-160 s")
     assert len(lines) == 5
+
+
+def test_a_profile_field_given_changes_the_engine_and_a_wrong_one_is_refused(
+    depth_sim: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    profiles = depth_sim.PROFILES
+    monkeypatch.setitem(profiles, "costly-drafts", profiles["costly-drafts"])
+    trace = scenario(tmp_path, [("busy", 24, 120.0, SAMPLED)])
+    k2 = depth_sim.pools()["k2"]
+    before = depth_sim.DepthSim("costly-drafts", k2).run(trace, "k2").window(20.0, 120.0)[0]
+    depth_sim.with_profile_fields("costly-drafts", ["prefill_base=0", "prefill_per_token=0"])
+    assert profiles["costly-drafts"].prefill_base == 0.0
+    after = depth_sim.DepthSim("costly-drafts", k2).run(trace, "k2").window(20.0, 120.0)[0]
+    assert after > before * 1.01  # prefills stall every running request
+    with pytest.raises(SystemExit, match="prefil_base"):
+        depth_sim.with_profile_fields("costly-drafts", ["prefil_base=0"])
