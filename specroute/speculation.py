@@ -99,21 +99,60 @@ def measured_time(
     points: Sequence[tuple[float, float]], tokens: float, per_token_s: float
 ) -> float:
     """T at `tokens` verified per iteration from measured (tokens, seconds) points sorted by
-    tokens: straight between the two points around it, and past either end along the nearest
+    tokens: a monotone cubic through them (`_tangent`), past either end along the nearest
     segment's slope (`per_token_s` with one point), never below 1e-6.
 
     The line through every point misses where iteration time bends: a sparse model's expert
     reads saturate as the batch grows, and the h200 shape's line put 16 users at depth 1 at
-    63.5 ms where tune measured 71.9 ms, which made depth 1 look faster than depth 2 there."""
-    if len(points) == 1:
+    63.5 ms where tune measured 71.9 ms, which made depth 1 look faster than depth 2 there.
+    A straight segment between two points still misses the bend between them: tune measures
+    1, 4, 16 and 32 users, and on the h200 shape the chord from 4 to 16 users at depth 2 read
+    7 users' iteration 8% fast, so every forecast of a pool near that load 8% high
+    (`benchmarks/results/depth-bound/forecast-interpolation.md`)."""
+    n = len(points)
+    if n == 1:
         x, y = points[0]
         return max(1e-6, y + per_token_s * (tokens - x))
     i = bisect.bisect_left(points, tokens, key=lambda p: p[0])
-    i = min(max(i, 1), len(points) - 1)
+    i = min(max(i, 1), n - 1)
     (x0, y0), (x1, y1) = points[i - 1], points[i]
-    slope = max(0.0, (y1 - y0) / (x1 - x0)) if x1 > x0 else per_token_s
-    anchor_x, anchor_y = (x1, y1) if tokens > x1 else (x0, y0)
-    return max(1e-6, anchor_y + slope * (tokens - anchor_x))
+    width = x1 - x0
+    slope = max(0.0, (y1 - y0) / width) if width > 0 else per_token_s
+    if n == 2 or width <= 0 or not x0 < tokens < x1:
+        anchor_x, anchor_y = (x1, y1) if tokens > x1 else (x0, y0)
+        return max(1e-6, anchor_y + slope * (tokens - anchor_x))
+    d0, d1 = _tangent(points, i - 1), _tangent(points, i)
+    t = (tokens - x0) / width
+    # Cubic Hermite on [x0, x1] with the end slopes d0, d1.
+    h00, h10 = (1 + 2 * t) * (1 - t) ** 2, t * (1 - t) ** 2
+    h01, h11 = t * t * (3 - 2 * t), t * t * (t - 1)
+    return max(1e-6, h00 * y0 + h10 * width * d0 + h01 * y1 + h11 * width * d1)
+
+
+def _tangent(points: Sequence[tuple[float, float]], j: int) -> float:
+    """The slope at point `j` of the monotone cubic through `points` (Fritsch and Carlson's
+    weighted harmonic mean of the secants beside it, the ends from three points, as SciPy's
+    `PchipInterpolator`): never over- or undershooting the points, so T never falls as the
+    batch grows. Written here rather than imported: SciPy would be the only numerical
+    dependency of the planner, for a dozen points read through a cache (`forecast.Physics`)."""
+    n = len(points)
+
+    def secant(a: int) -> tuple[float, float]:
+        (xa, ya), (xb, yb) = points[a], points[a + 1]
+        width = xb - xa
+        return width, (max(0.0, (yb - ya) / width) if width > 0 else 0.0)
+
+    if 0 < j < n - 1:
+        (h0, s0), (h1, s1) = secant(j - 1), secant(j)
+        if s0 <= 0 or s1 <= 0:
+            return 0.0
+        w0, w1 = 2 * h1 + h0, h1 + 2 * h0
+        return (w0 + w1) / (w0 / s0 + w1 / s1)
+    (h0, s0), (h1, s1) = (secant(0), secant(1)) if j == 0 else (secant(n - 2), secant(n - 3))
+    # SciPy also caps an end's slope at three times its secant where the secants beside it
+    # differ in sign: the secants here never fall below zero, so that cap never binds.
+    d = ((2 * h0 + h1) * s0 - h0 * s1) / (h0 + h1) if h0 + h1 > 0 else s0
+    return d if d > 0 and s0 > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
