@@ -97,16 +97,16 @@ def test_launch_starts_the_priors_pool_on_the_table_the_prior_gives(
 ) -> None:
     out = _dry_run(capsys, "--emulate", "--allow-adaptive")
     assert "--steps 3,3,3: the pool" in out
-    assert "the servers at 3 start with K per batch size 1-8:3 9-:2" in out
+    assert "the servers at 3 start with K per batch size 1-11:3 12-:2" in out
     lines = [ln for ln in out.splitlines() if "specroute emulate" in ln]
     assert len(lines) == 3
     for line in lines:
         ranges = json.loads(line.split("--num-speculative-tokens-per-batch-size ")[1].strip("'"))
-        assert ranges == [[1, 8, 3], [9, 48, 2]]  # to the server's batch limit
+        assert ranges == [[1, 11, 3], [12, 48, 2]]  # to the server's batch limit
     real = _dry_run(capsys, "--model", "m", "--gpus", "0,1,2", "--allow-adaptive")
     config = json.loads(real.split("--speculative-config '")[1].split("'")[0])
     assert config["num_speculative_tokens"] == 3
-    assert config["num_speculative_tokens_per_batch_size"] == [[1, 8, 3], [9, 48, 2]]
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 11, 3], [12, 48, 2]]
     # Without the flag, with the servers named, or on SGLang: fixed depths, as before.
     assert "per-batch-size" not in _dry_run(capsys, "--emulate")
     assert "per-batch-size" not in _dry_run(capsys, "--emulate", "--allow-adaptive",
@@ -212,8 +212,8 @@ def test_a_recommended_depth_starts_on_its_table_only_where_the_table_drafts_it_
     prior = decode_profile(path.read_bytes(), source=path.name)
     depths = launch_depths(steps=None, allowed=None, prior=prior, users=16, tables=True)
     assert depths.steps == (2, 3, 3)
-    # k2's table drafts 2 until 25 run, then 1; k3's would draft 2 even alone: k3 stays k3.
-    assert depths.tables == {2: ((1, 2), (26, 1))}
+    # k2's table drafts 2 until 26 run, then 1; k3's would draft 2 even alone: k3 stays k3.
+    assert depths.tables == {2: ((1, 2), (27, 1))}
     assert launch_depths(steps=None, allowed=None, prior=prior, users=16).tables == {}
 
 
