@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from specroute.config import AdmissionConfig, BackendConfig, BreakerConfig, HealthConfig
+from specroute.emulator.profiles import PROFILES
 from specroute.policies import Outcome, PoolView
 from specroute.policies.predict import accept_length, iteration_time
 from specroute.pool import Backend
 from specroute.pool.estimators import AcceptanceEstimator, ClassLengths, IterationTimeModel
-from specroute.pool.prior import load_profile_priors, priors_from_profile
+from specroute.pool.prior import load_prior, load_profile_priors, priors_from_profile
 from specroute.pool.telemetry import Telemetry, iteration_sample
 from specroute.speculation import expected_tokens
 
@@ -124,6 +125,38 @@ def test_iteration_time_model_tells_where_it_observed_lately() -> None:
         model.observe(120, 0.07)
     assert model.tokens is not None
     assert 100 < model.tokens < 120  # the busy hour's weighs more: older ones are forgotten
+
+
+H200_PRIOR = (
+    Path(__file__).parent.parent / "benchmarks/results/depth-bound/tune/h200-qwen35-122b-shape.json"
+)
+
+
+def test_a_new_server_reads_its_first_requests_on_tunes_points_not_its_line() -> None:
+    """A server just (re)started at depth 4 of the h200 shape runs one request at a time (5
+    tokens an iteration, 30.0 ms): tune's line through every point reads 36.3 ms there, its
+    point 29.9. Standing on the line, four requests in the fit still read 34.6 ms, and the
+    planner, scaling tune's points through it, valued the depth 16% slow for minutes."""
+    prior = load_prior(H200_PRIOR)
+    telemetry = prior.telemetry()
+    engine = PROFILES["h200-qwen35-122b-shape"]
+    truth = engine.iteration_time(1, 4)
+    line = prior.iteration[4][0] + prior.iteration[4][1] * 5
+    assert line > 1.15 * truth  # what the prior's line alone reads
+    model = telemetry.iteration_model("b2", 4)
+    for _ in range(4):
+        model.observe(5, truth)
+    assert model.intercept + model.slope * 5 == pytest.approx(truth, rel=0.02)
+    assert model.tokens == pytest.approx(5)
+    # Two at a time, 10 tokens: the slope of tune's points where it ran carries it there.
+    assert model.intercept + model.slope * 10 == pytest.approx(
+        engine.iteration_time(2, 4), rel=0.03
+    )
+    # Without tune's points the line is all there is: the old reading, as before.
+    bare = IterationTimeModel(*prior.iteration[4])
+    for _ in range(4):
+        bare.observe(5, truth)
+    assert bare.intercept + bare.slope * 5 > 1.1 * truth
 
 
 def test_iteration_time_model_keeps_its_prior_until_observations_arrive() -> None:

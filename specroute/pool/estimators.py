@@ -19,6 +19,7 @@ from specroute.speculation import (
     DEFAULT_PER_TOKEN_S,
     PRIOR_ALPHA,
     alpha_from_accept_length,
+    measured_time,
 )
 
 __all__ = [
@@ -99,6 +100,14 @@ class IterationTimeModel:
     the fit at the batch it ran read 0.18 s where every gap was 0.033 s). With the anchor the
     line passes through what was observed and takes its slope from the prior where nothing
     else is known.
+
+    Where the prior has measured points (`curve`, tune's), the prior stands on them around
+    where the observations lie (their mean tokens, 10% either side) rather than on its line at
+    2 and 64 tokens: iteration time bends, and a line through every point reads a small batch
+    slow where expert reads saturate. On the h200 shape a server just restarted at depth 4
+    with one request read 34.6 ms after four requests, the line's 36.3 ms pulling at the 30
+    ms it ran, and the planner valued the depth 16% slow for minutes
+    (`docs/policy-evaluation.md`, "The prior's line at a small batch").
     """
 
     intercept: float = DEFAULT_INTERCEPT_S
@@ -106,25 +115,23 @@ class IterationTimeModel:
     prior_weight: float = 20.0
     forget: float = 0.999
     anchor_weight: float = 0.1
+    curve: Sequence[tuple[float, float]] = ()
     _sw: float = 0.0
     _sx: float = 0.0
     _sy: float = 0.0
     _sxx: float = 0.0
     _sxy: float = 0.0
-    _anchor: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    _pw: float = 0.0
+    """The decaying prior's weight now."""
+    _line: list[tuple[float, float]] = field(default_factory=list)
+    """The prior's line at `_PRIOR_BATCHES`, as given (the fit replaces `intercept`, `slope`)."""
     observations: int = 0
     _ow: float = 0.0
     _ox: float = 0.0
 
     def __post_init__(self) -> None:
-        for n in _PRIOR_BATCHES:
-            self._add(n, self.intercept + self.slope * n, self.prior_weight / 2)
-        w = self.anchor_weight / len(_PRIOR_BATCHES)
-        points = [(n, self.intercept + self.slope * n) for n in _PRIOR_BATCHES]
-        self._anchor = (
-            w * len(points), w * sum(n for n, _ in points), w * sum(t for _, t in points),
-            w * sum(n * n for n, _ in points), w * sum(n * t for n, t in points),
-        )  # fmt: skip
+        self._pw = self.prior_weight
+        self._line = [(n, self.intercept + self.slope * n) for n in _PRIOR_BATCHES]
 
     @property
     def tokens(self) -> float | None:
@@ -132,12 +139,15 @@ class IterationTimeModel:
         weighs them (None before any)."""
         return self._ox / self._ow if self._ow > 0 else None
 
-    def _add(self, n: float, seconds: float, weight: float) -> None:
-        self._sw += weight
-        self._sx += weight * n
-        self._sy += weight * seconds
-        self._sxx += weight * n * n
-        self._sxy += weight * n * seconds
+    def _prior_points(self) -> list[tuple[float, float]]:
+        """Where the prior stands: on tune's points around the observations where it has
+        them, else on its line."""
+        at = self.tokens
+        if not self.curve or at is None:
+            return self._line
+        (_, t0), (_, t1) = self._line  # the line's slope where the curve has one point
+        slope = (t1 - t0) / (_PRIOR_BATCHES[1] - _PRIOR_BATCHES[0])
+        return [(x, measured_time(self.curve, x, slope)) for x in (0.9 * at, 1.1 * at)]
 
     def observe(self, batch_tokens: float, seconds: float, weight: float = 1.0) -> None:
         """One measured iteration (e.g. a gap between stream chunks) at `batch_tokens`."""
@@ -146,13 +156,20 @@ class IterationTimeModel:
         f = self.forget
         self._sw, self._sx, self._sy = self._sw * f, self._sx * f, self._sy * f
         self._sxx, self._sxy = self._sxx * f, self._sxy * f
-        self._add(batch_tokens, seconds, weight)
+        self._sw += weight
+        self._sx += weight * batch_tokens
+        self._sy += weight * seconds
+        self._sxx += weight * batch_tokens * batch_tokens
+        self._sxy += weight * batch_tokens * seconds
+        self._pw *= f
         self._ow = self._ow * f + weight
         self._ox = self._ox * f + weight * batch_tokens
         self.observations += 1
-        aw, ax, ay, axx, axy = self._anchor
-        sw, sx, sy = self._sw + aw, self._sx + ax, self._sy + ay
-        sxx, sxy = self._sxx + axx, self._sxy + axy
+        sw, sx, sy, sxx, sxy = self._sw, self._sx, self._sy, self._sxx, self._sxy
+        points = self._prior_points()
+        w = (self._pw + self.anchor_weight) / len(points)
+        for n, t in points:
+            sw, sx, sy, sxx, sxy = sw + w, sx + w * n, sy + w * t, sxx + w * n * n, sxy + w * n * t
         det = sw * sxx - sx * sx
         if det <= 1e-12 * sw * sxx:
             return  # no spread in batch size to tell slope from intercept: keep the line

@@ -127,12 +127,17 @@ class Telemetry:
         return times
 
     def iteration_model(self, backend: str, steps: int) -> IterationTimeModel:
-        """This backend's fit at this depth, created from the prior for the depth if any."""
+        """This backend's fit at this depth, created from the prior for the depth if any (its
+        line, and its measured points where it has them)."""
         key = (backend, steps)
         model = self.iteration.get(key)
         if model is None:
             prior = self.priors.get(steps)
-            model = IterationTimeModel(*prior) if prior is not None else IterationTimeModel()
+            curve = self.curves.get(steps, ())
+            if prior is not None:
+                model = IterationTimeModel(*prior, curve=curve)
+            else:
+                model = IterationTimeModel(curve=curve)
             self.iteration[key] = model
         return model
 
