@@ -108,7 +108,7 @@ def measured_time(
     A straight segment between two points still misses the bend between them: tune measures
     1, 4, 16 and 32 users, and on the h200 shape the chord from 4 to 16 users at depth 2 read
     7 users' iteration 8% fast, so every forecast of a pool near that load 8% high
-    (`benchmarks/results/depth-bound/forecast-interpolation.md`)."""
+    (`benchmarks/prior_time_error.py --by-depth`)."""
     n = len(points)
     if n == 1:
         x, y = points[0]
