@@ -107,7 +107,7 @@ class IterationTimeModel:
     slow where expert reads saturate. On the h200 shape a server just restarted at depth 4
     with one request read 34.6 ms after four requests, the line's 36.3 ms pulling at the 30
     ms it ran, and the planner valued the depth 16% slow for minutes
-    (`docs/policy-evaluation.md`, "The prior's line at a small batch").
+    (`docs/policy-evaluation.md`, item 28, "The prior where a server runs").
     """
 
     intercept: float = DEFAULT_INTERCEPT_S

@@ -132,12 +132,11 @@ class Telemetry:
         key = (backend, steps)
         model = self.iteration.get(key)
         if model is None:
-            prior = self.priors.get(steps)
-            curve = self.curves.get(steps, ())
-            if prior is not None:
-                model = IterationTimeModel(*prior, curve=curve)
-            else:
+            prior, curve = self.priors.get(steps), self.curves.get(steps, ())
+            if prior is None:
                 model = IterationTimeModel(curve=curve)
+            else:
+                model = IterationTimeModel(*prior, curve=curve)
             self.iteration[key] = model
         return model
 
