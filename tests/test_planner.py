@@ -390,19 +390,6 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
     assert tracker.view(now).steady
 
 
-def test_a_step_down_is_a_regime_of_the_load_it_steps_to() -> None:
-    # 32 users, then 64 for eight minutes, then 32 again, as on a ramp's last steps: each
-    # regime reads the load it ran, not where the window's mean crossed the band on its way.
-    tracker = RegimeTracker(window_s=60.0)
-    now = 0.0
-    for users in [32.0] * 240 + [64.0] * 240 + [32.0] * 120:
-        tracker.observe(now, {GREEDY: users})
-        now += 2.0
-    assert [p.concurrency for p in tracker.past] == [pytest.approx(32.0), pytest.approx(64.0)]
-    assert tracker.load.concurrency == pytest.approx(32.0)
-    assert tracker.view(now).elapsed_s < 220.0
-
-
 def test_a_quiet_regime_after_a_busy_one_has_the_quiet_mix_from_its_start() -> None:
     # Eight sampled users for two minutes, then one greedy user: the window still holds the
     # busy samples when the regime moves; they are not the quiet regime's mix.

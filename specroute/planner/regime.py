@@ -74,8 +74,6 @@ class RegimeTracker:
         self._sums: dict[str, float] = {}
         self._start: float | None = None
         self._moved = 0.0
-        self._anchored = True
-        """The reference has been retaken since the band last moved (`_anchor`)."""
         self._ref_level = 0.0
         self._ref_shares: dict[str, float] = {}
         self._mix: dict[str, float] = {}
@@ -104,24 +102,13 @@ class RegimeTracker:
                                       shares=self.mix))  # fmt: skip
                 self._start = now
             self._moved = now
-            self._anchored = False
-            self._rebase()
-        elif not self._anchored and now - self._moved >= self.window_s:
-            self._anchored = True
             self._rebase()
 
     def _rebase(self) -> None:
         """The reference moves to the load now: the band, and the mix from the window's
         samples within the band of it. A window that still holds the busy hour's samples
         (48 sampled users each) seeded a quiet regime of two greedy users with a sampled mix
-        it took more than the regime's length to outweigh.
-
-        It moves when the load leaves the band, while the window's mean is on its way, and
-        again a window later, when the window holds the new load alone (unless the load left
-        the band meanwhile). Taken only where 64 users falling to 32 left the band, the
-        reference read 43 users for the regime, a load the pool never ran, and within its
-        band the 32 users that followed the 64 on a ramp were no new regime at all
-        (`docs/policy-evaluation.md`, item 29)."""
+        it took more than the regime's length to outweigh."""
         self._ref_level, self._ref_shares = self.level, dict(self.shares)
         mix: dict[str, float] = {}
         for _, sample in self._samples:
