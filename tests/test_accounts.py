@@ -4,6 +4,7 @@ moved; a change that did not pay raises the bar the next one must clear."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from structlog.testing import capture_logs
 from test_planner import GREEDY, estimates, planner_after, pool
@@ -58,6 +59,26 @@ def test_a_change_is_held_to_its_forecast_and_to_the_rate_before_it() -> None:
     assert account.realized_gain == 0.2
     assert account.forecast_gain == round(1300.0 / 1100.0 - 1, 4)
     assert ledger.accounts == [account]
+
+
+def test_the_rate_before_a_change_is_read_since_the_load_steadied() -> None:
+    # 64 users until 100 s, then 32 within the same regime's band: the pool completes 1400
+    # tok/s, then 1000 once the last long replies have ended. The load was moving until 130 s;
+    # the change at 200 s is held to the 1000 tok/s it was made at, not to a blend.
+    ledger = Ledger(window_s=60.0, settle_s=30.0, measure_s=120.0)
+    tokens = _run(ledger, 1400.0, 0.0, 130.0, 0.0)
+    tokens = _run(ledger, 1000.0, 130.0, 200.0, tokens)
+    plan = _plan(1100.0, current_tok_s=1000.0)
+    plan = msgspec.structs.replace(
+        plan, regime=msgspec.structs.replace(plan.regime, steady_since=130.0)
+    )
+    ledger.begin(200.0, "b0", plan)
+    tokens = _run(ledger, 700.0, 202.0, 300.0, tokens)
+    ledger.done(300.0, "b0", ok=True)
+    _run(ledger, 1080.0, 302.0, 460.0, tokens)
+    (account,) = ledger.close(460.0, regime_started=0.0)
+    assert account.before_tok_s == pytest.approx(1000.0, rel=0.02)
+    assert account.realized_gain == pytest.approx(0.08, abs=0.02)
 
 
 def test_a_forecast_off_in_level_but_right_in_gain_does_not_raise_the_bar() -> None:

@@ -390,6 +390,24 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
     assert tracker.view(now).steady
 
 
+def test_a_regime_is_steady_since_the_load_last_moved() -> None:
+    # 64 users for eight minutes, then 32: steady again once the window's mean has caught up,
+    # and only since then (a rate read from earlier is of the 64 users' last replies).
+    tracker = RegimeTracker(window_s=60.0)
+    now = 0.0
+    for _ in range(240):
+        tracker.observe(now, {GREEDY: 64.0})
+        now += 2.0
+    assert tracker.view(now).steady_since == 58.0
+    drop = now
+    for _ in range(60):
+        tracker.observe(now, {GREEDY: 32.0})
+        now += 2.0
+    regime = tracker.view(now)
+    assert regime.steady
+    assert drop < regime.steady_since < now
+
+
 def test_a_quiet_regime_after_a_busy_one_has_the_quiet_mix_from_its_start() -> None:
     # Eight sampled users for two minutes, then one greedy user: the window still holds the
     # busy samples when the regime moves; they are not the quiet regime's mix.

@@ -46,10 +46,14 @@ class Ledger:
     restart, and its shortfall would raise the bar for no fault of the forecast.
 
     "Before" spans as much as "after" may (`measure_s`), within the regime the change was made
-    in. Read over the last window alone it came from a reply or two at a few users: on the
-    seed's night-burst two users' long replies put a pool the model valued at 465 tok/s at 489,
-    the change's realized gain fell 12 points under its forecast for that alone, and the bar
-    rose by as much (`docs/policy-evaluation.md`, "The rate before a change").
+    in and since its load last steadied (`Regime.steady_since`): on costly-drafts' ramp a step
+    from 64 users to 32 stayed within one regime's band, the rate before a change at 32 took in
+    the 64-user step's last replies (3499 tok/s where the pool ran 2950), and the change's
+    realized gain of +3.8% was read as -12.6% and raised the bar (`docs/policy-evaluation.md`,
+    item 29). Read over the last window alone, "before" came from a reply or two at a few
+    users: on the seed's night-burst two users' long replies put a pool the model valued at 465
+    tok/s at 489, the change's realized gain fell 12 points under its forecast for that alone,
+    and the bar rose by as much ("The rate before a change").
 
     Each rate comes with its noise (`noise`): tokens are counted per reply, and at a few users
     a span holds a few dozen replies whose count moves by chance. The realized gain's standard
@@ -110,7 +114,8 @@ class Ledger:
                 change.cut = now
         busy = any(began < now for began in self._away.values())
         self._away[server] = now
-        start = max(now - self.measure_s, self._calm_since, plan.regime.started_at)
+        start = max(now - self.measure_s, self._calm_since, plan.regime.started_at,
+                    plan.regime.steady_since)  # fmt: skip
         before = None if busy or now - start < self.window_s / 2 else self.rate(start, now)
         if before is None or plan.expected is None:
             return
