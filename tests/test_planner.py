@@ -390,22 +390,23 @@ def test_a_ramp_is_one_change_of_regime_not_many() -> None:
     assert tracker.view(now).steady
 
 
-def test_a_regime_is_steady_since_the_load_last_moved() -> None:
-    # 64 users for eight minutes, then 32: steady again once the window's mean has caught up,
-    # and only since then (a rate read from earlier is of the 64 users' last replies).
+def test_a_step_inside_the_band_is_steady_only_once_the_mean_has_caught_up() -> None:
+    # A regime at 43 users, then 64, then 32, none of them 1.5 times from 43 (as on
+    # costly-drafts' ramp): one regime throughout, but the load moved at the step down, and a
+    # rate read from before the window's mean caught up is of the 64 users' last replies.
     tracker = RegimeTracker(window_s=60.0)
     now = 0.0
-    for _ in range(240):
-        tracker.observe(now, {GREEDY: 64.0})
+    for users in [43.0] * 60 + [64.0] * 240:
+        tracker.observe(now, {GREEDY: users})
         now += 2.0
-    assert tracker.view(now).steady_since == 58.0
-    drop = now
+    started, drop = tracker.view(now).started_at, now
     for _ in range(60):
         tracker.observe(now, {GREEDY: 32.0})
         now += 2.0
     regime = tracker.view(now)
+    assert regime.started_at == started
     assert regime.steady
-    assert drop < regime.steady_since < now
+    assert drop + 10.0 < regime.steady_since < drop + 60.0
 
 
 def test_a_quiet_regime_after_a_busy_one_has_the_quiet_mix_from_its_start() -> None:

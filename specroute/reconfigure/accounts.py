@@ -48,7 +48,7 @@ class Ledger:
     "Before" spans as much as "after" may (`measure_s`), within the regime the change was made
     in and since its load last steadied (`Regime.steady_since`): on costly-drafts' ramp a step
     from 64 users to 32 stayed within one regime's band, the rate before a change at 32 took in
-    the 64-user step's last replies (3499 tok/s where the pool ran 2950), and the change's
+    the 64-user step's last replies (3499 tok/s where the pool ran 2947), and the change's
     realized gain of +3.8% was read as -12.6% and raised the bar (`docs/policy-evaluation.md`,
     item 29). Read over the last window alone, "before" came from a reply or two at a few
     users: on the seed's night-burst two users' long replies put a pool the model valued at 465
