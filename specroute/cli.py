@@ -25,12 +25,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "specroute.calibrate",
         "measure emulated servers at steps 1/2/3 and print them beside the seed table",
     ),
-    "emulate": ("specroute.emulator.command", "run an emulated SGLang server (no GPU, no model)"),
+    "emulate": (
+        "specroute.emulator.command",
+        "run an emulated SGLang or vLLM server (no GPU, no model)",
+    ),
     "emulate-weight-cache": (
         "specroute.emulator.weight_cache",
         "run an emulated weight cache daemon that emulated servers restart through",
     ),
-    "bench": ("specroute.bench.command", "benchmark OpenAI/SGLang servers"),
+    "bench": (
+        "specroute.bench.command",
+        "benchmark OpenAI-compatible servers (SGLang, vLLM, the proxy)",
+    ),
     "serve": ("specroute.proxy.command", "run the routing proxy"),
     "config": (
         "specroute.proxy.config_example",
@@ -38,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "launch": (
         "specroute.launch.command",
-        "start a pool of SGLang servers (one per depth) and the proxy",
+        "start a pool of SGLang or vLLM servers (one per depth) and the proxy",
     ),
     "tune": (
         "specroute.tune.command",
@@ -68,7 +74,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specroute",
         description=(
-            "Route OpenAI-compatible requests across SGLang servers running different "
+            "Route OpenAI-compatible requests across SGLang or vLLM servers running different "
             "speculative depths, emulate such servers, and benchmark them."
         ),
     )

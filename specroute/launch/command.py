@@ -39,11 +39,13 @@ log = structlog.get_logger()
 __all__ = ["launch_depths_of", "options_from_args", "register", "run"]
 
 DESCRIPTION = (
-    "Start one SGLang server per speculative depth (--steps 1,2,3), each on its own GPUs and "
-    "port with the flags SGLang needs, wait until every one answers /ready, then run the "
-    "routing proxy in front of them. Servers that die are restarted with backoff; Ctrl-C stops "
-    "the proxy first (its streams drain), then the servers. With the sglang package installed, "
-    "every command line is checked by SGLang's own argument resolver before anything starts. "
+    "Start one SGLang server (vLLM with --engine vllm) per speculative depth (--steps 1,2,3), "
+    "each on its own GPUs and port with the flags the engine needs, wait until every one is "
+    "ready (SGLang's /ready, vLLM's /health), then run the routing proxy in front of them. "
+    "Servers that die are restarted with backoff; Ctrl-C stops the proxy first (its streams "
+    "drain), then the servers. With the sglang package installed, every SGLang command line "
+    "is checked by SGLang's own argument resolver before anything starts (vLLM's lines by "
+    'vLLM\'s parser, in its own environment: docs/operators.md, "vLLM servers"). '
     "The proxy's settings come from --config, SPECROUTE_* variables and these flags, as for "
     "`specroute serve`; its keys reach it in its environment, never on its command line."
 )
