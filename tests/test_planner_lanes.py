@@ -5,6 +5,7 @@ lane's load from `/pool`."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import msgspec
 import pytest
@@ -75,6 +76,27 @@ def test_the_planner_gives_up_a_little_throughput_to_serve_the_interactive_lane(
     restart_s = 60.0 + planner.options.drain_s
     assert plan.gain_tokens == pytest.approx(plan.gain * (plan.horizon_s - restart_s))
     assert "interactive 6.0 at 100 tok/s: 6.0 short now, 0.0 with the proposal" in plan.reason
+
+
+def test_a_plan_names_the_part_of_its_gain_that_is_the_lane_s_shortfall_avoided() -> None:
+    # Moving b2 to k7 for six interactive users loses tok/s and avoids the lane's charge, and
+    # the reason gave the sum alone: in a lanes run a k3 server moved to k4 at one user read
+    # "157 -> 161 at 1.0 users ...: gain 6447314 over 1020s", the lane's charge at 64 users.
+    planner, now = planner_after([(1200.0, CROWDED[1])])
+    planner.lanes = FAST_CHAT
+    plan = planner.plan(now, pool(0, 1, 4), estimates())
+    parts = re.search(
+        r"gain (\d+) \(the interactive lane's shortfall (\d+), tok/s ([+-]\d+)\) over",
+        plan.reason,
+    )
+    assert parts is not None, plan.reason
+    gain, lane, tok_s = (int(x) for x in parts.groups())
+    assert gain == round(plan.gain_tokens)
+    assert lane > gain  # throughput second: all of the gain is the lane's
+    assert tok_s < 0
+    assert abs(lane + tok_s - gain) <= 1
+    planner.lanes = None  # no lane target, no such part
+    assert "interactive lane" not in planner.plan(now, pool(0, 1, 4), estimates()).reason
 
 
 def test_what_the_peak_rule_holds_back_is_not_a_share_of_a_lane_short_objective() -> None:
