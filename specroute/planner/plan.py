@@ -674,9 +674,8 @@ def _numbers(
 ) -> str:  # fmt: skip
     seen = f" and {loads - 1} other loads seen" if loads > 1 else ""
     lane = ""
-    if lane_tokens >= 0.5:  # the gain in two parts: the lane's charge avoided, and tok/s
-        tokens = c.gain_tokens - lane_tokens
-        lane = f" (the interactive lane's shortfall {lane_tokens:.0f}, tok/s {tokens:+.0f})"
+    if lane_tokens >= 0.5:  # more than all of it where the change costs tok/s for the lane
+        lane = f" ({lane_tokens:.0f} of it the interactive lane's shortfall at the loads seen)"
     return (
         f"{_figure(now_fc)} -> {_figure(c.forecast)} at {regime.concurrency:.1f} "
         f"users{seen}: gain {c.gain_tokens:.0f}{lane} over {horizon:.0f}s vs restart cost "
