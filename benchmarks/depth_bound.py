@@ -60,6 +60,7 @@ TRACES = {
     "depth-ramp": ROOT / "scenarios" / "depth-ramp.toml",
     "depth-temperature-swing": ROOT / "scenarios" / "depth-temperature-swing.toml",
     "depth-live": ROOT / "scenarios" / "depth-live.toml",
+    "depth-agents": ROOT / "scenarios" / "depth-agents.toml",
 }
 DAY_S = 86400.0
 WARM_S, SAMPLE_S = 60.0, 600.0

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 from depth_pools import ROOT, PoolSpec, adaptive_configs, load_prior, pools, setting_of
-from policy_sim import Draw, Node, PoolSim, Req
+from policy_sim import Draw, Node, PoolSim, Req, prompt_tokens
 from sim_proxy import SimProxy, pool_snapshot
 from sim_results import BIN_S, Restart, SimResult
 
@@ -369,6 +369,9 @@ class DepthSim(PoolSim):
             bounds.append((p.name, t, t + p.duration * scale))
             t += p.duration * scale
         end = t
+        if scenario.prompts.source != "synthetic":
+            raise ValueError("the simulator sends synthetic prompts only ([prompts] words = N)")
+        self.prompt_tokens = prompt_tokens(scenario.prompts.words)
         for idx, (_, start, _) in enumerate(bounds[1:], 1):
             self._push(start, PHASE, -1, idx)
         for at, server, setting in manual:

@@ -32,6 +32,13 @@ SCENARIO = ROOT / "scenarios" / "policy-eval.toml"
 
 PROMPT_TOKENS = 330
 """A synthetic prompt of 256 words, as the bench sends."""
+PROMPT_WORDS = 256
+
+
+def prompt_tokens(words: int) -> int:
+    """A synthetic prompt of `words` words in tokens, at `PROMPT_TOKENS` per `PROMPT_WORDS` (the
+    traces that send the bench's 256 words keep the 330 tokens every table was run with)."""
+    return round(PROMPT_TOKENS * words / PROMPT_WORDS)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ class PoolSim:
     """Slots kept for the interactive lane on each deepest backend (`lanes.reserve`)."""
     target_tok_s = 0.0
     """The interactive lane's speed target (`lanes.target_tok_s`)."""
+    prompt_tokens = PROMPT_TOKENS
+    """Every request's prompt (its prefill's cost): the scenario's, where it says."""
 
     def __init__(
         self,
@@ -205,7 +214,7 @@ class PoolSim:
         self.seq += 1
         rid = f"r{self.seq}"
         node.engine.submit(
-            rid, prompt_tokens=PROMPT_TOKENS, max_new_tokens=draw.max_tokens,
+            rid, prompt_tokens=self.prompt_tokens, max_new_tokens=draw.max_tokens,
             klass=sampling_class(draw.temperature), ignore_eos=draw.ignore_eos,
         )  # fmt: skip
         node.add(1, self.now)

@@ -265,3 +265,24 @@ def test_a_profile_field_given_changes_the_engine_and_a_wrong_one_is_refused(
     assert after > before * 1.01  # prefills stall every running request
     with pytest.raises(SystemExit, match="prefil_base"):
         depth_sim.with_profile_fields("costly-drafts", ["prefil_base=0"])
+
+
+def test_the_simulator_sends_the_scenario_s_prompt_length(
+    depth_sim: ModuleType, tmp_path: Path
+) -> None:
+    """`[prompts] words`: a trace of long prompts pays their prefill before every first token
+    (the bench's 256 words are the 330 tokens every table was run with)."""
+    assert depth_sim.prompt_tokens(256) == 330
+    short = scenario(tmp_path, [("busy", 6, 120.0, SAMPLED)])
+    long = msgspec.structs.replace(
+        short, prompts=msgspec.structs.replace(short.prompts, words=4000)
+    )
+    k2 = depth_sim.pools()["k2"]
+    quick = depth_sim.DepthSim("seed-qwen35-122b", k2).run(short, "k2").window(20.0, 120.0)[0]
+    slow = depth_sim.DepthSim("seed-qwen35-122b", k2).run(long, "k2").window(20.0, 120.0)[0]
+    assert slow < quick * 0.95
+    jsonl = msgspec.structs.replace(
+        short, prompts=msgspec.structs.replace(short.prompts, source="jsonl", path="x.jsonl")
+    )
+    with pytest.raises(ValueError, match="synthetic prompts only"):
+        depth_sim.DepthSim("seed-qwen35-122b", k2).run(jsonl, "k2")
