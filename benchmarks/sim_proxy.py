@@ -7,10 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from specroute.planner import Setting
-from specroute.proxy.info import prior_depths
+from specroute.proxy.info import class_snapshots, prior_depths
 from specroute.wire import (
     BackendSnapshot,
-    ClassSnapshot,
     HoldAnswer,
     HoldState,
     PlanDocument,
@@ -80,12 +79,7 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
             iteration_samples=0 if fit is None else fit.observations,
             iteration_tokens=None if fit is None else fit.tokens,
         ))  # fmt: skip
-    classes = {
-        name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
-                            samples=c.samples, mean_tokens=c.mean_tokens,
-                            completions=c.completions)
-        for name, c in sim.telemetry.classes().items()
-    }  # fmt: skip
+    classes = class_snapshots(sim.telemetry.classes())
     depths = prior_depths(sim.telemetry)
     estimates = PoolEstimates(classes=classes, local_classes=classes, depths=depths,
                               prior_alpha=sim.telemetry.acceptance.prior_alpha,

@@ -36,6 +36,7 @@ def _wire(instance: str, alpha: float, weight: float, length: float) -> Estimate
         accept_length={3: Weighted(length, weight)},
         samples=int(weight),
         mean_tokens=Weighted(100.0 * alpha, weight),
+        first_token_s=Weighted(alpha, weight),
     )
     return EstimatesWire(instance=instance, classes={"m:greedy": klass})
 
@@ -46,6 +47,7 @@ def test_estimates_blend_weighted_by_their_samples() -> None:
     assert est.alpha == pytest.approx((0.9 * 300 + 0.5 * 100) / 400)
     assert est.accept_length[3] == pytest.approx((3.6 * 300 + 2.0 * 100) / 400)
     assert est.mean_tokens == pytest.approx((90 * 300 + 50 * 100) / 400)
+    assert est.first_token_s == pytest.approx((0.9 * 300 + 0.5 * 100) / 400)
     assert est.samples == 400
 
 
@@ -60,11 +62,13 @@ def test_a_replica_serves_what_it_learned_with_the_weights() -> None:
     telemetry = Telemetry()
     telemetry.acceptance.observe("m:greedy", steps=3, accept_length=3.5, verifies=40.0)
     telemetry.lengths.observe("m:greedy", 120)
+    telemetry.first_tokens.observe("m:greedy", 0.3)
     wire = local_estimates(telemetry, "me")
     klass = wire.classes["m:greedy"]
     assert klass.accept_length[3] == Weighted(3.5, 40.0)
     assert klass.alpha.weight == 40.0
     assert klass.mean_tokens == Weighted(120.0, 1.0)
+    assert klass.first_token_s == Weighted(0.3, 1.0)
 
 
 def test_a_peer_that_disappears_is_dropped_from_blending() -> None:

@@ -812,3 +812,33 @@ def test_forecasts_that_missed_widen_the_bar() -> None:
     for promised in (-0.07, -0.03, 0.15):
         modest.account(0.05, forecast_gain=promised)
     assert modest.bar == pytest.approx(modest.options.min_gain)
+
+
+def test_a_request_s_time_holds_its_first_token_wait_which_shrinks_a_deep_server_s_lead() -> None:
+    est = estimates()
+    agents = msgspec.structs.replace(
+        est,
+        classes={
+            GREEDY: msgspec.structs.replace(
+                est.classes[GREEDY], mean_tokens=300.0, first_token_s=0.4
+            ),
+            SAMPLED: est.classes[SAMPLED],
+        },
+    )
+    one = {GREEDY: 1.0}
+    e, t = est.accept_length(GREEDY, 7), est.depths[7].iteration_time(1)
+    assert forecast([Setting(steps=7)], one, est).tok_s == pytest.approx(e / t)
+    # 300 tokens: the first after the 0.4 s wait and one iteration, 299 at e per iteration
+    waited = forecast([Setting(steps=7)], one, agents)
+    assert waited.tok_s == pytest.approx(300 / (0.4 + t + 299 * t / e))
+    assert waited.servers[0].per_request_tok_s == pytest.approx(waited.tok_s)
+
+    def lead(estimates: Estimates) -> float:
+        deep = forecast([Setting(steps=7)], one, estimates).tok_s
+        return deep / forecast([Setting(steps=1)], one, estimates).tok_s
+
+    assert 1.0 < lead(agents) < lead(est) - 0.2  # the wait is the same at every depth
+    # a class with no wait seen yet, or no length, runs at E_k per iteration from the first
+    assert forecast([Setting(steps=7)], {SAMPLED: 1.0}, agents).tok_s == pytest.approx(
+        est.accept_length(SAMPLED, 7) / t
+    )

@@ -271,3 +271,25 @@ def test_a_bench_profile_seeds_iteration_time_per_depth(tmp_path: Path) -> None:
     assert _seconds(model, 3, 10) == pytest.approx(0.015 + 0.0002 * 40)
     with pytest.raises(ValueError, match="schema"):
         priors_from_profile(b'{"schema": "something-else"}')
+
+
+def test_a_class_learns_its_first_token_wait_beyond_one_iteration_where_a_slot_was_free() -> None:
+    telemetry = Telemetry()
+    gaps = (0.05,) * 20
+    reply = {"chunk_gaps_s": gaps, "completion_tokens": 100}
+    for _ in range(200):  # long prompts: 0.45 s of prefill before the first token
+        telemetry.observe(
+            _outcome(workload_class="m:agent", mean_in_flight=4.0, ttft_s=0.5, **reply),
+            capacity=17,
+        )
+        # a full server: the wait is its queue's, which the forecast counts as queued users
+        telemetry.observe(
+            _outcome(workload_class="m:agent", mean_in_flight=17.0, ttft_s=9.0, **reply),
+            capacity=17,
+        )
+        telemetry.observe(_outcome(workload_class="m:chat", ttft_s=0.06, **reply), capacity=17)
+    classes = telemetry.classes()
+    assert classes["m:agent"].first_token_s == pytest.approx(0.45)
+    assert classes["m:chat"].first_token_s == pytest.approx(0.01)
+    telemetry.observe(_outcome(workload_class="m:new", **reply), capacity=17)  # no first chunk
+    assert telemetry.classes()["m:new"].first_token_s is None

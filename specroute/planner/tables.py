@@ -1,7 +1,7 @@
 """vLLM's K per batch size (`num_speculative_tokens_per_batch_size`, vllm-project/vllm#32374) as
 the planner writes it: for a server whose `num_speculative_tokens` is D (memory sized for D, so
 D's capacity), at every batch size it can run, the depth up to D with the most tok/s for the
-regime's class mix, from the same E_k and T(b, k) its forecasts read. Pure."""
+regime's class mix, from the same E_k, T(b, k) and first-token waits its forecasts read. Pure."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ def best_table(phys: Physics, shares: Mapping[str, float], deepest: int) -> Tabl
     ks = [k for k in sorted(phys.depths) if k <= deepest]
 
     def rate(k: int, batch: int) -> float:
-        accepted = sum(w * phys.e(c, k) for c, w in weights.items()) if weights else 1.0
-        return accepted / phys.time(k, batch)
+        seconds = phys.time(k, batch)
+        if not weights:
+            return 1.0 / seconds
+        return sum(w * phys.speed(c, k, seconds) for c, w in weights.items())
 
     ranges: list[tuple[int, int]] = []
     for batch in range(1, phys.depths[deepest].capacity + 1):

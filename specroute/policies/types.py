@@ -85,6 +85,10 @@ class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
     samples: int = 0
     mean_tokens: float | None = None
     completions: int = 0
+    first_token_s: float | None = None
+    """Mean wait for a streamed reply's first token beyond one iteration of its server (its
+    prompt's prefill and the wait for the step it joins), over replies that found a free
+    slot; None until one is seen."""
 
 
 class CandidateSet(Protocol):

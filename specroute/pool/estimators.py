@@ -28,6 +28,7 @@ __all__ = [
     "ClassLengths",
     "DecayingMean",
     "DurationHistogram",
+    "FirstTokenWaits",
     "IterationTimeModel",
     "StallRule",
 ]
@@ -207,6 +208,26 @@ class ClassLengths:
     def get(self, klass: str) -> float:
         mean = self.classes.get(klass)
         return mean.value if mean is not None else self.prior_tokens
+
+
+class FirstTokenWaits:
+    """Exponentially weighted mean wait for a reply's first token beyond one iteration of its
+    server, per workload class: the prefill of its prompt and the wait for the step it joins,
+    which a class of long prompts (coding agents) pays on every request. The planner adds it
+    to each request's time (`planner.forecast`); the gaps between chunks, which T(b, k) is
+    fitted to, never hold it."""
+
+    def __init__(self, *, keep: float = 0.99) -> None:
+        self.keep = keep
+        self.classes: dict[str, DecayingMean] = {}
+
+    def observe(self, klass: str, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.classes.setdefault(klass, DecayingMean(seconds)).update(seconds, 1.0, self.keep)
+
+    def get(self, klass: str) -> float | None:
+        mean = self.classes.get(klass)
+        return mean.value if mean is not None else None
 
 
 _LOWEST_S = 0.001

@@ -45,6 +45,7 @@ class ClassWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     samples: int = 0
     mean_tokens: Weighted | None = None
     completions: int = 0
+    first_token_s: Weighted | None = None
 
 
 class IterationWire(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,16 +69,19 @@ def class_wires(telemetry: Telemetry) -> dict[str, ClassWire]:
     """What this replica learned of each class, with weights."""
     lengths = telemetry.lengths.classes
     counts = telemetry.lengths.counts
+    waits = telemetry.first_tokens.classes
     classes = {}
     for name in dict.fromkeys([*telemetry.acceptance.classes, *counts]):
         est = telemetry.acceptance.get(name)
         tokens = lengths.get(name)
+        wait = waits.get(name)
         classes[name] = ClassWire(
             alpha=Weighted(est.alpha.value, est.alpha.weight),
             accept_length={k: Weighted(m.value, m.weight) for k, m in est.by_steps.items()},
             samples=est.samples,
             mean_tokens=None if tokens is None else Weighted(tokens.value, tokens.weight),
             completions=counts.get(name, 0),
+            first_token_s=None if wait is None else Weighted(wait.value, wait.weight),
         )
     return classes
 
@@ -124,12 +128,14 @@ def blend_classes(parts: Iterable[EstimatesWire]) -> dict[str, ClassEstimate]:
             k: _mean(w.accept_length[k] for w in wires if k in w.accept_length) for k in depths
         }
         tokens = _mean(w.mean_tokens for w in wires if w.mean_tokens is not None)
+        wait = _mean(w.first_token_s for w in wires if w.first_token_s is not None)
         out[name] = ClassEstimate(
             alpha=alpha.value if alpha is not None else wires[0].alpha.value,
             accept_length={k: m.value for k, m in lengths.items() if m is not None},
             samples=sum(w.samples for w in wires),
             mean_tokens=tokens.value if tokens is not None else None,
             completions=sum(w.completions for w in wires),
+            first_token_s=wait.value if wait is not None else None,
         )
     return out
 

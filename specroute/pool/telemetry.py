@@ -1,5 +1,6 @@
-"""Outcomes into estimates: per-class acceptance and length, per-backend iteration time and
-quiet times (before a stream's first token and between its chunks, for its stall limits).
+"""Outcomes into estimates: per-class acceptance, length and first-token wait, per-backend
+iteration time and quiet times (before a stream's first token and between its chunks, for its
+stall limits).
 
 `Telemetry.observe` picks the most exact acceptance source an outcome has (vLLM's per-request
 `metrics.speculative_decoding`, SGLang's `sglext.spec_tokens_details`, else tokens per stream
@@ -21,6 +22,7 @@ from specroute.pool.estimators import (
     AcceptanceEstimator,
     ClassLengths,
     DurationHistogram,
+    FirstTokenWaits,
     IterationTimeModel,
 )
 from specroute.speculation import PRIOR_ALPHA
@@ -111,6 +113,7 @@ class Telemetry:
     ) -> None:
         self.acceptance = AcceptanceEstimator(prior_alpha=prior_alpha, half_life=half_life)
         self.lengths = ClassLengths()
+        self.first_tokens = FirstTokenWaits()
         self.iteration: dict[tuple[str, int], IterationTimeModel] = {}
         self.priors: dict[int, IterationPrior] = dict(priors or {})
         self.curves: dict[int, IterationCurve] = {}
@@ -177,6 +180,10 @@ class Telemetry:
                 times.first.add_all((outcome.ttft_s,))
             times.gaps.add_all(outcome.chunk_gaps_s)
         timing = iteration_sample(outcome, capacity)
+        if timing is not None and outcome.ttft_s is not None and outcome.status == 200:
+            batch, seconds, _ = timing
+            if capacity is None or batch < capacity:  # a free slot: no wait in its queue
+                self.first_tokens.observe(klass, outcome.ttft_s - seconds)
         if timing is not None and outcome.steps is not None:
             batch, seconds, used = timing
             model = self.iteration_model(outcome.backend, outcome.steps)
@@ -193,6 +200,7 @@ class Telemetry:
                     samples=est.samples,
                     mean_tokens=self.lengths.get(name),
                     completions=self.lengths.counts.get(name, 0),
+                    first_token_s=self.first_tokens.get(name),
                 )
                 for name in dict.fromkeys([*self.acceptance.classes, *self.lengths.counts])
                 for est in (self.acceptance.get(name),)

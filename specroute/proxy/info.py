@@ -21,6 +21,7 @@ from specroute.proxy.vllm_info import vllm_server_info
 from specroute.wire import BackendSnapshot, ClassSnapshot, IterationFit, PoolEstimates, PoolSnapshot
 
 __all__ = [
+    "class_snapshots",
     "model_list",
     "pool_info",
     "prior_depths",
@@ -101,8 +102,8 @@ def _estimates(state: ProxyState) -> PoolEstimates:
     # What policies see: blended over this replica and its peers (this one's alone if none).
     blended = pool.index.classes(pool.instance, time.monotonic())
     return PoolEstimates(
-        classes=_classes(blended),
-        local_classes=_classes(telemetry.classes()),
+        classes=class_snapshots(blended),
+        local_classes=class_snapshots(telemetry.classes()),
         prior_alpha=telemetry.acceptance.prior_alpha,
         acceptance_sources=dict(telemetry.sources),
         iteration=iteration,
@@ -119,11 +120,12 @@ def prior_depths(telemetry: Telemetry) -> dict[int, IterationFit]:
     }
 
 
-def _classes(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnapshot]:
+def class_snapshots(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnapshot]:
+    """`/pool`'s classes: what each class's estimate says, as the wire carries it."""
     return {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
                             samples=c.samples, mean_tokens=c.mean_tokens,
-                            completions=c.completions)
+                            completions=c.completions, first_token_s=c.first_token_s)
         for name, c in classes.items()
     }  # fmt: skip
 

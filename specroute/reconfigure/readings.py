@@ -211,4 +211,5 @@ def _through(
 
 def _class(c: ClassSnapshot) -> ClassEstimate:
     return ClassEstimate(alpha=c.alpha, accept_length=dict(c.accept_length), samples=c.samples,
-                         mean_tokens=c.mean_tokens, completions=c.completions)  # fmt: skip
+                         mean_tokens=c.mean_tokens, completions=c.completions,
+                         first_token_s=c.first_token_s)  # fmt: skip

@@ -101,6 +101,9 @@ class ClassSnapshot(_Wire):
     mean_tokens: float | None = None
     completions: int = 0
     """Replies of the class, from any server (the loop splits the load by these)."""
+    first_token_s: float | None = None
+    """Mean wait for a streamed reply's first token beyond one iteration of its server (the
+    planner adds it to each request's time)."""
 
 
 class IterationFit(_Wire):
