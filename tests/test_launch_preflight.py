@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,25 @@ def test_emulate_says_what_it_leaves_out(capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert "--emulate: --sglang-arg is not passed to emulated servers" in err
     assert "--emulate: --tp 2 is not emulated" in err
+
+
+def test_an_address_another_process_answers_on_stops_the_launch_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = tmp_path / "logs"
+    with socket.socket() as other, closed_port() as base:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        argv = ["launch", "--emulate", "--steps", "1", "--base-port", str(base),
+                "--port", str(port), "--log-dir", str(logs)]  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"proxy cannot start: http://127.0.0.1:{port} already answers" in err
+        assert "pick --port" in err
+        # the proxy's port one of the servers' own: refused before anything binds either
+        argv = ["launch", "--emulate", "--steps", "1,2", "--base-port", str(base),
+                "--port", str(base + 1), "--log-dir", str(logs)]  # fmt: skip
+        assert main(argv) == 2
+        assert f"proxy cannot start: port {base + 1} is steps2's too" in capsys.readouterr().err
+    assert not logs.exists()  # nothing was started

@@ -318,6 +318,16 @@ def _cannot_start(plan: LaunchPlan) -> bool:
     return bool(problems)
 
 
+def _ports_taken(plan: LaunchPlan) -> bool:
+    """Print each address that is taken before anything starts; True if one is."""
+    from specroute.launch.preflight import ports_taken
+
+    taken = ports_taken(plan)
+    for name, problem in taken:
+        print(f"specroute launch: {name} cannot start: {problem}", file=sys.stderr)
+    return bool(taken)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         plan, depths = _plan(args)
@@ -332,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"specroute launch: SGLang rejects {server.name}: {message}", file=sys.stderr)
     if rejected:
         return 2
-    if _cannot_start(plan) and not args.dry_run:
+    blocked = [_cannot_start(plan), _ports_taken(plan)]
+    if any(blocked) and not args.dry_run:
         return 2
     if args.dry_run:
         sys.stdout.writelines(f"# {note}\n" for note in depths.notes())

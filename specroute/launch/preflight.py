@@ -1,20 +1,23 @@
 """What stops a launch before anything starts: a server that cannot possibly start (its module
-missing from its interpreter, its model path absent), and, with `--emulate`, what a real pool
-would refuse (GPU count, flags, SGLang's resolver) and what the emulated one leaves out."""
+missing from its interpreter, its model path absent), an address another process already
+answers on, and, with `--emulate`, what a real pool would refuse (GPU count, flags, SGLang's
+resolver) and what the emulated one leaves out."""
 
 from __future__ import annotations
 
 import importlib.util
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import msgspec
 
 from specroute.launch.argv import LaunchOptions, LaunchPlan, build_plan
 
-__all__ = ["cannot_start", "emulation_notes", "real_plan"]
+__all__ = ["cannot_start", "emulation_notes", "ports_taken", "real_plan"]
 
 _PATH_FLAGS = ("--model-path", "--speculative-draft-model-path")
 
@@ -55,6 +58,36 @@ def cannot_start(argv: Sequence[str]) -> list[str]:
             and not Path(path).expanduser().exists()
         ):
             problems.append(f"{flag} {path} does not exist")
+    return problems
+
+
+def _answers(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def ports_taken(plan: LaunchPlan) -> list[tuple[str, str]]:
+    """(child, problem) for each child whose address is another's in the plan, or where a
+    process already listens: the child could not bind it, and launch would take that other
+    process's answers for its own (a proxy whose port an SGLang server held looked ready at
+    once, and its clients' requests went to that server)."""
+    children = [*plan.servers, plan.proxy]
+    flags = {plan.proxy.name: "--port"}
+    seen: dict[tuple[str, int], str] = {}
+    problems = []
+    for child in children:
+        address = urlsplit(child.url)
+        host, port = address.hostname or "127.0.0.1", address.port or 80
+        flag = flags.get(child.name, "--base-port")
+        if (host, port) in seen:
+            problems.append((child.name, f"port {port} is {seen[host, port]}'s too; pick {flag}"))
+        elif _answers(host, port):
+            problems.append(
+                (child.name, f"{child.url} already answers (another process listens on port "
+                             f"{port}); stop it or pick {flag}")
+            )  # fmt: skip
+        seen[host, port] = child.name
     return problems
 
 
