@@ -36,7 +36,7 @@ from vllm_table import operator_table
 
 from specroute.bench.sweep import SweepResult
 from specroute.bench.trace import load_scenario
-from specroute.children import free_port, spawn, stop, wait_ready_sync
+from specroute.children import free_port, free_ports, spawn, stop, wait_ready_sync
 from specroute.emulator.profiles import get_profile
 from specroute.launch.defaults import launch_depths, table_text
 from specroute.profile_format import decode_profile
@@ -49,6 +49,9 @@ _trace = msgspec.json.Decoder(SweepResult)
 
 TUNE_SPEED = 4.0
 """The tune's emulators' time scale (the live run's is `--time-scale`)."""
+SERVERS_AT_MOST = 8
+"""Ports held for each pool's servers (`--base-port` and the next ones) and the tune's (one
+per depth 0-7): every pool runs at once, and no two may share a port."""
 
 
 def _tune(args: argparse.Namespace, out: Path) -> Path:
@@ -61,7 +64,8 @@ def _tune(args: argparse.Namespace, out: Path) -> Path:
             "--engine", args.engine, "--profile", args.profile,
             "--time-scale", f"{TUNE_SPEED / args.time_scale:g}",
             f"--emulator-arg=--time-scale={TUNE_SPEED:g}", "--temperature", "0,1",
-            "--base-port", str(free_port()), "--out", str(out / "tune")]  # fmt: skip
+            "--base-port", str(free_ports(SERVERS_AT_MOST)),
+            "--out", str(out / "tune")]  # fmt: skip
     with (out / "tune.log").open("wb") as log:
         subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, check=True)
     return out / "tune" / "prior.json"
@@ -87,7 +91,8 @@ def _start(pool: Pool, scaling: Scaling, prior: Path, out: Path, engine: str) ->
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = launch_argv(pool, scaling, python=sys.executable, prior=str(prior), port=port,
-                       base_port=free_port(), logs=str(folder / "logs"), engine=engine)  # fmt: skip
+                       base_port=free_ports(SERVERS_AT_MOST), logs=str(folder / "logs"),
+                       engine=engine)  # fmt: skip
     with (folder / "launch.log").open("wb") as log:
         launcher = spawn(argv, stdout=log, stderr=subprocess.STDOUT)
     return Running(pool=pool, url=f"http://127.0.0.1:{port}", launcher=launcher, folder=folder)

@@ -25,6 +25,7 @@ __all__ = [
     "Output",
     "bound_socket",
     "free_port",
+    "free_ports",
     "inherited_socket",
     "spawn",
     "stop",
@@ -56,11 +57,40 @@ class NotReady(ChildFailed, TimeoutError):
     """The child was still running but had not answered by the deadline."""
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports `free_ports` has returned in this process: the kernel hands a port let go to the next
+`bind(0)`, so two calls in a row could name the same port for two children (a benchmark's
+proxy and another pool's server got one port, and the proxy's clients went to that server)."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that nothing listens on right now."""
+    """A TCP port that nothing is bound to right now, and that this process has not handed
+    out before."""
+    return free_ports(1, host)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive TCP ports that are free now and that this process has
+    not handed out before (`--base-port` for servers that take base, base + 1, ...)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            base = int(sock.getsockname()[1])
+        span = range(base, base + count)
+        if span[-1] > 65535 or _HANDED_OUT.intersection(span):
+            continue
+        if all(_bindable(host, port) for port in span[1:]):
+            _HANDED_OUT.update(span)
+            return base
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def bound_socket(host: str = "127.0.0.1") -> socket.socket:

@@ -22,6 +22,7 @@ from specroute.children import (
     Output,
     bound_socket,
     free_port,
+    free_ports,
     spawn,
     stop,
     stop_async,
@@ -90,6 +91,39 @@ def test_free_port_can_be_bound_and_listened_on() -> None:
         sock.bind(("127.0.0.1", port))
         sock.listen()
         assert sock.getsockname()[1] == port
+
+
+def _kernel_port() -> int:
+    """A port `bind(0)` gives, without `free_ports`' record."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_port_the_kernel_hands_out_twice_is_handed_out_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two children's ports picked one after the other: the kernel may give a port let go to
+    the next `bind(0)`, and without a record both children got it (a benchmark's proxy and
+    another pool's server)."""
+    first = second = _kernel_port()
+    while second == first:
+        second = _kernel_port()
+    picks = iter([first, first, second])  # the same port twice, then another
+    real = socket.socket
+
+    class Kernel(real):  # type: ignore[misc, valid-type]
+        def bind(self, address: tuple[str, int]) -> None:
+            host, port = address
+            super().bind((host, next(picks) if port == 0 else port))
+
+    monkeypatch.setattr(socket, "socket", Kernel)
+    assert free_port() == first
+    assert free_port() == second
+    monkeypatch.undo()
+    bases = [free_ports(3) for _ in range(20)]
+    spans = [p for base in bases for p in range(base, base + 3)]
+    assert len(set(spans)) == len(spans)
 
 
 def test_wait_ready_returns_once_a_late_server_answers(tmp_path: Path) -> None:
