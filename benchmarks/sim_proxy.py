@@ -78,6 +78,7 @@ def pool_snapshot(sim: Any) -> PoolSnapshot:
             iteration_per_token_s=None if fit is None else fit.slope,
             iteration_samples=0 if fit is None else fit.observations,
             iteration_tokens=None if fit is None else fit.tokens,
+            iteration_stall_s=0.0 if fit is None else fit.stall_s,
         ))  # fmt: skip
     classes = class_snapshots(sim.telemetry.classes())
     depths = prior_depths(sim.telemetry)

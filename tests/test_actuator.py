@@ -486,3 +486,17 @@ def test_a_depth_no_backend_runs_holds_what_the_priors_tune_measured() -> None:
     assert est.depths[0].capacity == 35  # no shallower server seen: the tune's figure
     assert est.depths[3].capacity == 17  # a depth that runs keeps what its server reports
     assert est.depths[1].capacity == 26
+
+
+def test_a_depth_that_runs_is_read_without_the_prefill_pauses_its_fit_holds() -> None:
+    # Server b's fit reads 0.042 s at 24 tokens, of which 0.012 s per iteration were other
+    # requests' prefills (long prompts): the planner reads the decode alone there (0.030 s),
+    # and a depth borrowing the fit borrows the decode; the forecast charges the pauses.
+    answer = pool_answer({"g": 1})
+    b = msgspec.structs.replace(answer.backends[1], iteration_tokens=24.0, iteration_stall_s=0.012)
+    answer.backends = [answer.backends[0], b]
+    est = estimates(answer, (1, 3, 5), lambda k: 48)
+    assert est is not None
+    assert est.depths[3].iteration_time(6) == pytest.approx(0.030)
+    assert est.depths[5].iteration_time(4) == pytest.approx(0.030)  # 24 tokens, borrowed
+    assert est.depths[1].iteration_time(4) == pytest.approx(0.02 + 0.0004 * 8)  # no pauses

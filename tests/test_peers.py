@@ -37,6 +37,7 @@ def _wire(instance: str, alpha: float, weight: float, length: float) -> Estimate
         samples=int(weight),
         mean_tokens=Weighted(100.0 * alpha, weight),
         first_token_s=Weighted(alpha, weight),
+        prefill_pause_s=Weighted(alpha / 10, weight),
     )
     return EstimatesWire(instance=instance, classes={"m:greedy": klass})
 
@@ -48,14 +49,21 @@ def test_estimates_blend_weighted_by_their_samples() -> None:
     assert est.accept_length[3] == pytest.approx((3.6 * 300 + 2.0 * 100) / 400)
     assert est.mean_tokens == pytest.approx((90 * 300 + 50 * 100) / 400)
     assert est.first_token_s == pytest.approx((0.9 * 300 + 0.5 * 100) / 400)
+    assert est.prefill_pause_s == pytest.approx((0.09 * 300 + 0.05 * 100) / 400)
     assert est.samples == 400
 
 
 def test_iteration_fits_blend_by_observations_and_a_prior_weighs_nothing() -> None:
     mine = IterationWire(backend="b", steps=2, intercept_s=0.5, per_token_s=0.1, observations=0)
-    seen = IterationWire(backend="b", steps=2, intercept_s=0.02, per_token_s=0.001, observations=9)
-    assert blend_iteration(mine, [seen, None]) == (0.02, 0.001, 9)
-    assert blend_iteration(mine, [None]) == (0.5, 0.1, 0)
+    seen = IterationWire(
+        backend="b", steps=2, intercept_s=0.02, per_token_s=0.001, observations=9, stall_s=0.004
+    )
+    fit = blend_iteration(mine, [seen, None])
+    assert (fit.intercept_s, fit.per_token_s, fit.observations) == (0.02, 0.001, 9)
+    assert fit.stall_s == pytest.approx(0.004)
+    other = msgspec.structs.replace(seen, observations=3, stall_s=0.0)
+    assert blend_iteration(other, [seen]).stall_s == pytest.approx(0.004 * 9 / 12)
+    assert blend_iteration(mine, [None]) == mine
 
 
 def test_a_replica_serves_what_it_learned_with_the_weights() -> None:
@@ -63,12 +71,14 @@ def test_a_replica_serves_what_it_learned_with_the_weights() -> None:
     telemetry.acceptance.observe("m:greedy", steps=3, accept_length=3.5, verifies=40.0)
     telemetry.lengths.observe("m:greedy", 120)
     telemetry.first_tokens.observe("m:greedy", 0.3)
+    telemetry.pauses.observe("m:greedy", 0.4, 4.0)
     wire = local_estimates(telemetry, "me")
     klass = wire.classes["m:greedy"]
     assert klass.accept_length[3] == Weighted(3.5, 40.0)
     assert klass.alpha.weight == 40.0
     assert klass.mean_tokens == Weighted(120.0, 1.0)
     assert klass.first_token_s == Weighted(0.3, 1.0)
+    assert klass.prefill_pause_s == Weighted(0.1, 4.0)
 
 
 def test_a_peer_that_disappears_is_dropped_from_blending() -> None:

@@ -842,3 +842,32 @@ def test_a_request_s_time_holds_its_first_token_wait_which_shrinks_a_deep_server
     assert forecast([Setting(steps=7)], {SAMPLED: 1.0}, agents).tok_s == pytest.approx(
         est.accept_length(SAMPLED, 7) / t
     )
+
+
+def test_a_request_pays_a_prefill_pause_for_each_other_request_on_its_server() -> None:
+    """Each user beside it starts about one request in its time, and every start's prefill
+    pauses the batch: whatever the depth, so the pauses take a larger share of a deep
+    server's shorter requests and its lead over a shallow one shrinks as users are added."""
+    est = estimates()
+
+    def agents(pause: float | None) -> Estimates:
+        greedy = msgspec.structs.replace(
+            est.classes[GREEDY], mean_tokens=300.0, first_token_s=0.1, prefill_pause_s=pause
+        )
+        return msgspec.structs.replace(est, classes={GREEDY: greedy})
+
+    paused, unpaused = agents(0.1), agents(None)
+    e, t = est.accept_length(GREEDY, 7), est.depths[7].iteration_time(8)
+    eight = forecast([Setting(steps=7)], {GREEDY: 8.0}, paused)
+    assert eight.servers[0].per_request_tok_s == pytest.approx(
+        300 / (0.1 + t + 299 * t / e + 7 * 0.1)
+    )
+    # alone on its server, nothing pauses it
+    alone = forecast([Setting(steps=7)], {GREEDY: 1.0}, paused).tok_s
+    assert alone == pytest.approx(forecast([Setting(steps=7)], {GREEDY: 1.0}, unpaused).tok_s)
+
+    def lead(estimates: Estimates) -> float:
+        deep = forecast([Setting(steps=7)], {GREEDY: 8.0}, estimates).tok_s
+        return deep / forecast([Setting(steps=1)], {GREEDY: 8.0}, estimates).tok_s
+
+    assert 1.0 < lead(paused) < lead(unpaused) - 0.1

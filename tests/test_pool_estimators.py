@@ -240,7 +240,7 @@ def test_telemetry_fits_iteration_time_from_chunk_gaps_at_the_mean_batch() -> No
 def test_iteration_samples_clip_the_batch_to_capacity_and_skip_coalesced_events() -> None:
     gaps = (0.02, 0.02, 0.0, 0.02, 0.02)  # the 0.0: a finish event read with the last tokens
     sample = iteration_sample(_outcome(chunk_gaps_s=gaps, mean_in_flight=40.0), capacity=17)
-    assert sample == (17.0, pytest.approx(0.02), 4)
+    assert sample == (17.0, pytest.approx(0.02), 4, pytest.approx(0.02))
 
 
 def test_class_lengths_start_at_the_prior_and_follow_what_finishes() -> None:
@@ -293,3 +293,31 @@ def test_a_class_learns_its_first_token_wait_beyond_one_iteration_where_a_slot_w
     assert classes["m:chat"].first_token_s == pytest.approx(0.01)
     telemetry.observe(_outcome(workload_class="m:new", **reply), capacity=17)  # no first chunk
     assert telemetry.classes()["m:new"].first_token_s is None
+
+
+def test_other_requests_prefills_are_learned_as_pauses_apart_from_the_decode() -> None:
+    """A stream whose server starts others' long prompts beside it: a few gaps hold a prefill
+    of 0.1 s on a 0.03 s decode. The router's fit keeps the mean gap; the decode, the pause
+    per request beside it and the fit's share of pauses are learned apart."""
+    telemetry = Telemetry()
+    # 100 gaps, 7 of them with another request's prefill in: the 7 others beside it each
+    # started one request in its time.
+    gaps = (0.03,) * 93 + (0.13,) * 7
+    reply = {"chunk_gaps_s": gaps, "completion_tokens": 301, "steps": 2}
+    for _ in range(300):
+        telemetry.observe(
+            _outcome(workload_class="m:agent", mean_in_flight=8.0, ttft_s=0.2, **reply),
+            capacity=17,
+        )
+    agent = telemetry.classes()["m:agent"]
+    assert agent.prefill_pause_s == pytest.approx(0.1)
+    assert agent.first_token_s == pytest.approx(0.17)  # beyond one decode iteration
+    model = telemetry.iteration_model("b", 2)
+    assert model.tokens == pytest.approx(24.0)
+    mean = 0.03 + 0.7 / 100
+    assert model.intercept + model.slope * 24.0 == pytest.approx(mean, rel=0.02)  # the router's
+    assert model.stall_s == pytest.approx(0.007)
+    # alone on its server, nothing pauses it, and nothing is learned of the pause
+    alone = Telemetry()
+    alone.observe(_outcome(workload_class="m:solo", mean_in_flight=1.0, **reply), capacity=17)
+    assert alone.classes()["m:solo"].prefill_pause_s is None

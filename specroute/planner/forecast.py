@@ -1,12 +1,15 @@
 """What a depth assignment would give a load regime: each server's running requests, tok/s and
 per-request speed, from the estimated E_k per class, T(b, k) and R(k) per depth, and each
-class's mean reply length and first-token wait.
+class's mean reply length, first-token wait and prefill pause.
 
 A request's time is its first token's wait (its class's wait beyond one iteration, plus one
-iteration) and then its other tokens at E_k per iteration: a user in flight yields its
+iteration), then its other tokens at E_k per iteration, and the pauses for the prefills of
+the requests that start beside it: about one per other user on its server, whatever the
+depth, so a larger share of a deep server's shorter requests. A user in flight yields its
 request's tokens over that whole time. On a class of long prompts the wait is a tenth of a
 short reply's time, and a forecast that left it out promised a deep server's requests more
-than they ran (`docs/policy-evaluation.md`, item 30).
+than they ran (`docs/policy-evaluation.md`, item 30); the pauses, a third of a busy server's
+time, the same of any depth it did not run (item 31).
 
 Users are placed one at a time where the routing policy would send them (largest gain in pool
 tok/s, fastest speed for `latency`), so a forecast of a mixed pool credits class sorting while
@@ -120,28 +123,33 @@ class Physics:
         over, and reading T between tune's points is most of a forecast's time."""
         self.whole: dict[tuple[object, ...], Forecast] = {}
         """Forecasts of whole users, kept: the mixes of fractional users recur (`forecast`)."""
-        self._first: dict[str, tuple[float, float] | None] = {}
+        self._first: dict[str, tuple[float, float, float] | None] = {}
 
-    def first_token(self, klass: str) -> tuple[float, float] | None:
-        """(mean reply tokens, first-token wait beyond one iteration) of `klass`, where the
-        pool has seen both."""
+    def first_token(self, klass: str) -> tuple[float, float, float] | None:
+        """(mean reply tokens, first-token wait beyond one iteration, pause per other
+        request) of `klass`, where the pool has seen its length and wait (no pause seen:
+        none)."""
         if klass not in self._first:
             est = self.est.classes.get(klass)
             tokens = None if est is None else est.mean_tokens
             wait = None if est is None else est.first_token_s
-            self._first[klass] = None if not tokens or wait is None else (max(1.0, tokens), wait)
+            pause = (None if est is None else est.prefill_pause_s) or 0.0
+            known = None if not tokens or wait is None else (max(1.0, tokens), wait, pause)
+            self._first[klass] = known
         return self._first[klass]
 
-    def speed(self, klass: str, steps: int, seconds: float) -> float:
-        """A `klass` request's tok/s over its whole time on a server at `steps` whose iteration
-        takes `seconds`: its first token after its wait and one iteration, the rest at E_k
-        per iteration (without a wait seen, E_k per iteration from the first)."""
+    def speed(self, klass: str, steps: int, seconds: float, batch: float = 1.0) -> float:
+        """A `klass` request's tok/s over its whole time on a server at `steps` running
+        `batch` requests whose decode iteration takes `seconds`: its first token after its
+        wait and one iteration, the rest at E_k per iteration, and a pause for each of the
+        other requests' starts (without a wait seen, E_k per iteration from the first)."""
         per_iteration = self.e(klass, steps) / seconds
         first = self.first_token(klass)
         if first is None:
             return per_iteration
-        tokens, wait = first
-        return tokens / (wait + seconds + (tokens - 1.0) / per_iteration)
+        tokens, wait, pause = first
+        paused = pause * max(0.0, batch - 1.0)
+        return tokens / (wait + seconds + (tokens - 1.0) / per_iteration + paused)
 
     def e(self, klass: str, steps: int) -> float:
         key = (klass, steps)
@@ -210,7 +218,7 @@ class _Server:
         batch = sum(counts.values())
         k = self.depth(counts, batch)
         t = self.phys.time(k, batch)
-        speeds = {c: self.phys.speed(c, k, t) for c in counts}
+        speeds = {c: self.phys.speed(c, k, t, batch) for c in counts}
         known = self.phys.rates[key] = (k, sum(n * speeds[c] for c, n in counts.items()), speeds)
         return known
 

@@ -24,7 +24,7 @@ def best_table(phys: Physics, shares: Mapping[str, float], deepest: int) -> Tabl
         seconds = phys.time(k, batch)
         if not weights:
             return 1.0 / seconds
-        return sum(w * phys.speed(c, k, seconds) for c, w in weights.items())
+        return sum(w * phys.speed(c, k, seconds, batch) for c, w in weights.items())
 
     ranges: list[tuple[int, int]] = []
     for batch in range(1, phys.depths[deepest].capacity + 1):

@@ -66,6 +66,9 @@ class BackendView(msgspec.Struct, frozen=True, kw_only=True):
     iteration_samples: int = 0
     iteration_tokens: float | None = None
     """Where the fit's observations lie (their mean tokens per iteration; None before any)."""
+    iteration_stall_s: float = 0.0
+    """Of the fitted iteration where it was observed, the mean pause beyond the decode (other
+    requests' prefills): the planner takes it out and charges each candidate its own."""
     combined: int | None = None
     """Requests on the backend from every proxy and client: its last scrape plus this proxy's
     own changes since (None: no fresh scrape, only `in_flight` is known)."""
@@ -89,6 +92,9 @@ class ClassEstimate(msgspec.Struct, frozen=True, kw_only=True):
     """Mean wait for a streamed reply's first token beyond one iteration of its server (its
     prompt's prefill and the wait for the step it joins), over replies that found a free
     slot; None until one is seen."""
+    prefill_pause_s: float | None = None
+    """How long each other request's start (its prefill) paused a running request of the
+    class, per request beside it; None until one is seen."""
 
 
 class CandidateSet(Protocol):

@@ -269,4 +269,5 @@ class Backend:
             iteration_per_token_s=iteration.slope if iteration else None,
             iteration_samples=iteration.observations if iteration else 0,
             iteration_tokens=iteration.tokens if iteration else None,
+            iteration_stall_s=iteration.stall_s if iteration else 0.0,
         )

@@ -30,6 +30,7 @@ __all__ = [
     "DurationHistogram",
     "FirstTokenWaits",
     "IterationTimeModel",
+    "PrefillPauses",
     "StallRule",
 ]
 
@@ -129,6 +130,15 @@ class IterationTimeModel:
     observations: int = 0
     _ow: float = 0.0
     _ox: float = 0.0
+    _os: float = 0.0
+
+    @property
+    def stall_s(self) -> float:
+        """The mean pause per iteration in what was observed, beyond the decode: other
+        requests' prefills (`Telemetry.observe`), weighted as the fit weighs them. The fit
+        holds them at the load and depth it saw; the planner takes them out and charges each
+        candidate its own (`PrefillPauses`)."""
+        return self._os / self._ow if self._ow > 0 else 0.0
 
     def __post_init__(self) -> None:
         self._pw = self.prior_weight
@@ -150,8 +160,11 @@ class IterationTimeModel:
         slope = (t1 - t0) / (_PRIOR_BATCHES[1] - _PRIOR_BATCHES[0])
         return [(x, measured_time(self.curve, x, slope)) for x in (0.9 * at, 1.1 * at)]
 
-    def observe(self, batch_tokens: float, seconds: float, weight: float = 1.0) -> None:
-        """One measured iteration (e.g. a gap between stream chunks) at `batch_tokens`."""
+    def observe(
+        self, batch_tokens: float, seconds: float, weight: float = 1.0, stall_s: float = 0.0
+    ) -> None:
+        """One measured iteration (e.g. the mean gap between a stream's chunks) at
+        `batch_tokens`, of which `stall_s` was pauses beyond the decode."""
         if seconds <= 0 or batch_tokens <= 0:
             return
         f = self.forget
@@ -165,6 +178,7 @@ class IterationTimeModel:
         self._pw *= f
         self._ow = self._ow * f + weight
         self._ox = self._ox * f + weight * batch_tokens
+        self._os = self._os * f + weight * max(0.0, stall_s)
         self.observations += 1
         sw, sx, sy, sxx, sxy = self._sw, self._sx, self._sy, self._sxx, self._sxy
         points = self._prior_points()
@@ -224,6 +238,33 @@ class FirstTokenWaits:
     def observe(self, klass: str, seconds: float) -> None:
         seconds = max(0.0, seconds)
         self.classes.setdefault(klass, DecayingMean(seconds)).update(seconds, 1.0, self.keep)
+
+    def get(self, klass: str) -> float | None:
+        mean = self.classes.get(klass)
+        return mean.value if mean is not None else None
+
+
+class PrefillPauses:
+    """How long each other request's start pauses a running request, per workload class of
+    the request paused: its stream's pauses beyond the decode (gaps over the median gap)
+    over the requests in flight beside it, each of whom starts about one request in its
+    time (closed-loop users of like durations). SGLang runs a prefill before the decode
+    batch it joins, and every request running waits for it (`get_next_batch_to_run` in
+    `python/sglang/srt/managers/scheduler.py`: "Run prefill first if possible"); the
+    emulator charges it to the iteration. The planner charges a request (b - 1) pauses on a
+    server of b (`planner.forecast`), which a deeper server's shorter requests pay in a
+    larger share of their time."""
+
+    def __init__(self, *, keep: float = 0.99) -> None:
+        self.keep = keep
+        self.classes: dict[str, DecayingMean] = {}
+
+    def observe(self, klass: str, stall_s: float, others: float) -> None:
+        """One request's pauses beyond the decode, with `others` requests beside it."""
+        if others <= 0:
+            return
+        per = max(0.0, stall_s) / others
+        self.classes.setdefault(klass, DecayingMean(per)).update(per, others, self.keep)
 
     def get(self, klass: str) -> float | None:
         mean = self.classes.get(klass)

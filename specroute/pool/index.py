@@ -164,11 +164,13 @@ class RoutingIndex:
         if model is not None and self.share.replicas > 1:
             mine = IterationWire(
                 backend=backend.name, steps=steps or 0, intercept_s=model.intercept,
-                per_token_s=model.slope, observations=model.observations,
+                per_token_s=model.slope, observations=model.observations, stall_s=model.stall_s,
             )  # fmt: skip
-            fits = self.peers.iteration(backend.name, steps or 0, now)
-            a, s, n = blend_iteration(mine, fits)
-            extra.update(iteration_intercept_s=a, iteration_per_token_s=s, iteration_samples=n)
+            fit = blend_iteration(mine, self.peers.iteration(backend.name, steps or 0, now))
+            extra.update(
+                iteration_intercept_s=fit.intercept_s, iteration_per_token_s=fit.per_token_s,
+                iteration_samples=fit.observations, iteration_stall_s=fit.stall_s,
+            )  # fmt: skip
         return msgspec.structs.replace(base, **extra)
 
     def _load(self, backend: Backend, mark: LoadMark, now: float) -> tuple[int | None, int | None]:

@@ -9,7 +9,7 @@ sample is counted once however many replicas read it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import msgspec
 
@@ -46,6 +46,7 @@ class ClassWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     mean_tokens: Weighted | None = None
     completions: int = 0
     first_token_s: Weighted | None = None
+    prefill_pause_s: Weighted | None = None
 
 
 class IterationWire(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +55,8 @@ class IterationWire(msgspec.Struct, frozen=True, kw_only=True):
     intercept_s: float
     per_token_s: float
     observations: int
+    stall_s: float = 0.0
+    """The fit's mean pause beyond the decode where it was observed (`IterationTimeModel`)."""
 
 
 class EstimatesWire(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -70,11 +73,13 @@ def class_wires(telemetry: Telemetry) -> dict[str, ClassWire]:
     lengths = telemetry.lengths.classes
     counts = telemetry.lengths.counts
     waits = telemetry.first_tokens.classes
+    pauses = telemetry.pauses.classes
     classes = {}
     for name in dict.fromkeys([*telemetry.acceptance.classes, *counts]):
         est = telemetry.acceptance.get(name)
         tokens = lengths.get(name)
         wait = waits.get(name)
+        pause = pauses.get(name)
         classes[name] = ClassWire(
             alpha=Weighted(est.alpha.value, est.alpha.weight),
             accept_length={k: Weighted(m.value, m.weight) for k, m in est.by_steps.items()},
@@ -82,6 +87,7 @@ def class_wires(telemetry: Telemetry) -> dict[str, ClassWire]:
             mean_tokens=None if tokens is None else Weighted(tokens.value, tokens.weight),
             completions=counts.get(name, 0),
             first_token_s=None if wait is None else Weighted(wait.value, wait.weight),
+            prefill_pause_s=None if pause is None else Weighted(pause.value, pause.weight),
         )
     return classes
 
@@ -96,6 +102,7 @@ def local_estimates(telemetry: Telemetry, instance: str) -> EstimatesWire:
             intercept_s=model.intercept,
             per_token_s=model.slope,
             observations=model.observations,
+            stall_s=model.stall_s,
         )
         for (name, steps), model in telemetry.iteration.items()
         if model.observations
@@ -129,6 +136,7 @@ def blend_classes(parts: Iterable[EstimatesWire]) -> dict[str, ClassEstimate]:
         }
         tokens = _mean(w.mean_tokens for w in wires if w.mean_tokens is not None)
         wait = _mean(w.first_token_s for w in wires if w.first_token_s is not None)
+        pause = _mean(w.prefill_pause_s for w in wires if w.prefill_pause_s is not None)
         out[name] = ClassEstimate(
             alpha=alpha.value if alpha is not None else wires[0].alpha.value,
             accept_length={k: m.value for k, m in lengths.items() if m is not None},
@@ -136,22 +144,26 @@ def blend_classes(parts: Iterable[EstimatesWire]) -> dict[str, ClassEstimate]:
             mean_tokens=tokens.value if tokens is not None else None,
             completions=sum(w.completions for w in wires),
             first_token_s=wait.value if wait is not None else None,
+            prefill_pause_s=pause.value if pause is not None else None,
         )
     return out
 
 
-def blend_iteration(
-    own: IterationWire, peers: Iterable[IterationWire | None]
-) -> tuple[float, float, int]:
-    """(intercept, per-token seconds, observations) over every replica's fit of one backend
-    and depth, weighted by observations; this replica's own (its prior) when no one has any."""
+def blend_iteration(own: IterationWire, peers: Iterable[IterationWire | None]) -> IterationWire:
+    """Every replica's fit of one backend and depth, weighted by observations (their sum);
+    this replica's own (its prior) when no one has any."""
     fits = [own, *(p for p in peers if p is not None)]
     total = sum(f.observations for f in fits)
     if total <= 0:
-        return own.intercept_s, own.per_token_s, 0
-    intercept = sum(f.intercept_s * f.observations for f in fits) / total
-    slope = sum(f.per_token_s * f.observations for f in fits) / total
-    return intercept, slope, total
+        return own
+
+    def mean(get: Callable[[IterationWire], float]) -> float:
+        return sum(get(f) * f.observations for f in fits) / total
+
+    return msgspec.structs.replace(
+        own, intercept_s=mean(lambda f: f.intercept_s), per_token_s=mean(lambda f: f.per_token_s),
+        stall_s=mean(lambda f: f.stall_s), observations=total,
+    )  # fmt: skip
 
 
 class _Endpoint:

@@ -1,11 +1,12 @@
-"""Outcomes into estimates: per-class acceptance, length and first-token wait, per-backend
-iteration time and quiet times (before a stream's first token and between its chunks, for its
-stall limits).
+"""Outcomes into estimates: per-class acceptance, length, first-token wait and prefill pause,
+per-backend iteration time and quiet times (before a stream's first token and between its
+chunks, for its stall limits).
 
 `Telemetry.observe` picks the most exact acceptance source an outcome has (vLLM's per-request
 `metrics.speculative_decoding`, SGLang's `sglext.spec_tokens_details`, else tokens per stream
 chunk, else the backend's scraped accept length) and times the gaps between chunks against the
-backend's mean batch during the request.
+backend's mean batch during the request: their mean for the iteration fit the router reads,
+their median for the decode alone, the difference for the other requests' prefills.
 `Telemetry.classes()` is what policies see, rebuilt only after something new was learned.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import structlog
 
@@ -24,12 +26,14 @@ from specroute.pool.estimators import (
     DurationHistogram,
     FirstTokenWaits,
     IterationTimeModel,
+    PrefillPauses,
 )
 from specroute.speculation import PRIOR_ALPHA
 
 __all__ = [
     "IterationCurve",
     "IterationPrior",
+    "IterationSample",
     "StreamTimes",
     "Telemetry",
     "accept_sample",
@@ -73,11 +77,31 @@ def accept_sample(
     return None
 
 
-def iteration_sample(outcome: Outcome, capacity: int | None) -> tuple[float, float, int] | None:
-    """(running requests, mean iteration seconds, gaps used) from the gaps between chunks.
+class IterationSample(NamedTuple):
+    """What one stream's gaps between chunks say of its server's iterations."""
+
+    batch: float
+    """Running requests (the backend's mean batch during the request, at most capacity)."""
+    seconds: float
+    """Mean iteration: the stream's time between chunks over its iterations."""
+    used: int
+    """Gaps counted as iterations."""
+    decode_s: float
+    """The median gap: an iteration with no other request's prefill in it."""
+
+    @property
+    def stall_s(self) -> float:
+        """The stream's pauses beyond the decode, in all (other requests' prefills)."""
+        return max(0.0, self.seconds - self.decode_s) * self.used
+
+
+def iteration_sample(outcome: Outcome, capacity: int | None) -> IterationSample | None:
+    """Running requests and iteration times from the gaps between chunks.
 
     Gaps far below the median are events that arrived in one read (a finish chunk after the
-    last tokens), not iterations; they are left out of the count but not of the time."""
+    last tokens), not iterations; they are left out of the count but not of the time. A gap
+    that holds another request's prefill is longer than the rest; the median leaves them out
+    while fewer than half do (a request of a hundred iterations beside 30 others)."""
     gaps = outcome.chunk_gaps_s
     if len(gaps) < 3 or outcome.error is not None:
         return None
@@ -89,7 +113,8 @@ def iteration_sample(outcome: Outcome, capacity: int | None) -> tuple[float, flo
     batch = batch if batch is not None else float(outcome.in_flight_at_start)
     if capacity:
         batch = min(batch, float(capacity))
-    return max(1.0, batch), sum(gaps) / len(used), len(used)
+    mean = sum(gaps) / len(used)
+    return IterationSample(max(1.0, batch), mean, len(used), min(mean, statistics.median(used)))
 
 
 @dataclass(slots=True)
@@ -114,6 +139,7 @@ class Telemetry:
         self.acceptance = AcceptanceEstimator(prior_alpha=prior_alpha, half_life=half_life)
         self.lengths = ClassLengths()
         self.first_tokens = FirstTokenWaits()
+        self.pauses = PrefillPauses()
         self.iteration: dict[tuple[str, int], IterationTimeModel] = {}
         self.priors: dict[int, IterationPrior] = dict(priors or {})
         self.curves: dict[int, IterationCurve] = {}
@@ -180,14 +206,17 @@ class Telemetry:
                 times.first.add_all((outcome.ttft_s,))
             times.gaps.add_all(outcome.chunk_gaps_s)
         timing = iteration_sample(outcome, capacity)
-        if timing is not None and outcome.ttft_s is not None and outcome.status == 200:
-            batch, seconds, _ = timing
-            if capacity is None or batch < capacity:  # a free slot: no wait in its queue
-                self.first_tokens.observe(klass, outcome.ttft_s - seconds)
+        if timing is not None and outcome.status == 200:
+            if outcome.ttft_s is not None and (capacity is None or timing.batch < capacity):
+                # a free slot: no wait in its queue
+                self.first_tokens.observe(klass, outcome.ttft_s - timing.decode_s)
+            self.pauses.observe(klass, timing.stall_s, timing.batch - 1.0)
         if timing is not None and outcome.steps is not None:
-            batch, seconds, used = timing
             model = self.iteration_model(outcome.backend, outcome.steps)
-            model.observe(batch * (outcome.steps + 1), seconds, weight=min(1.0, used / 20))
+            model.observe(
+                timing.batch * (outcome.steps + 1), timing.seconds,
+                weight=min(1.0, timing.used / 20), stall_s=timing.seconds - timing.decode_s,
+            )  # fmt: skip
         self._classes = None
 
     def classes(self) -> dict[str, ClassEstimate]:
@@ -201,6 +230,7 @@ class Telemetry:
                     mean_tokens=self.lengths.get(name),
                     completions=self.lengths.counts.get(name, 0),
                     first_token_s=self.first_tokens.get(name),
+                    prefill_pause_s=self.pauses.get(name),
                 )
                 for name in dict.fromkeys([*self.acceptance.classes, *self.lengths.counts])
                 for est in (self.acceptance.get(name),)

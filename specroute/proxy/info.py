@@ -125,7 +125,8 @@ def class_snapshots(classes: Mapping[str, ClassEstimate]) -> dict[str, ClassSnap
     return {
         name: ClassSnapshot(alpha=c.alpha, accept_length=dict(c.accept_length),
                             samples=c.samples, mean_tokens=c.mean_tokens,
-                            completions=c.completions, first_token_s=c.first_token_s)
+                            completions=c.completions, first_token_s=c.first_token_s,
+                            prefill_pause_s=c.prefill_pause_s)
         for name, c in classes.items()
     }  # fmt: skip
 

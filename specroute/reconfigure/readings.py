@@ -122,13 +122,24 @@ class DepthFit(NamedTuple):
 
 
 def fits_by_depth(backends: Sequence[BackendSnapshot]) -> dict[int, DepthFit]:
-    """Per depth, the fitted iteration times of the backends at that depth, weighted by their
-    samples (a prior counts as one)."""
+    """Per depth, the decode's iteration times on the backends at that depth, weighted by
+    their samples (a prior counts as one): each backend's fit (the router's, which holds the
+    other requests' prefills at the load and depth it saw) scaled so that where it was
+    observed it reads the decode alone (`iteration_stall_s` taken out). The planner charges
+    each candidate the pauses of its own load (`planner.forecast`); a fit that kept them
+    valued the depth a server runs with the agents' prefills in it and a depth it does not
+    run from tune's short prompts, and moved to the latter (`docs/policy-evaluation.md`,
+    item 31)."""
     sums: dict[int, list[float]] = {}
     for b in backends:
         steps, a, s = b.steps, b.iteration_intercept_s, b.iteration_per_token_s
         if steps is None or a is None or s is None or b.adaptive:
             continue
+        if b.iteration_tokens is not None and b.iteration_stall_s > 0:
+            seen = a + s * b.iteration_tokens
+            # at least a quarter: a fit still near its prior may read under its own pauses
+            scale = max(0.25, (seen - b.iteration_stall_s) / seen) if seen > 0 else 1.0
+            a, s = a * scale, s * scale
         n = max(1, b.iteration_samples)
         acc = sums.setdefault(steps, [0.0, 0.0, 0.0, 0.0, 0.0])
         acc[0] += a * n
@@ -212,4 +223,5 @@ def _through(
 def _class(c: ClassSnapshot) -> ClassEstimate:
     return ClassEstimate(alpha=c.alpha, accept_length=dict(c.accept_length), samples=c.samples,
                          mean_tokens=c.mean_tokens, completions=c.completions,
-                         first_token_s=c.first_token_s)  # fmt: skip
+                         first_token_s=c.first_token_s,
+                         prefill_pause_s=c.prefill_pause_s)  # fmt: skip

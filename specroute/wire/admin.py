@@ -75,6 +75,9 @@ class BackendSnapshot(msgspec.Struct, kw_only=True):
     iteration_samples: int
     iteration_tokens: float | None = None
     """Where the fit's observations lie (their mean tokens per iteration; None before any)."""
+    iteration_stall_s: float = 0.0
+    """Of the fitted iteration where it was observed, the mean pause beyond the decode (other
+    requests' prefills): the planner takes it out and charges each candidate its own."""
     combined: int | None = None
     """Every replica's requests on it: its last scrape plus this replica's changes since."""
     headroom: int | None = None
@@ -104,6 +107,9 @@ class ClassSnapshot(_Wire):
     first_token_s: float | None = None
     """Mean wait for a streamed reply's first token beyond one iteration of its server (the
     planner adds it to each request's time)."""
+    prefill_pause_s: float | None = None
+    """How long each other request's start (its prefill) paused a running request of the
+    class, per request beside it (the planner charges it per user on a candidate server)."""
 
 
 class IterationFit(_Wire):
