@@ -2,8 +2,9 @@
 the product's loop in virtual time (`depth_sim`), and at each `--at` the planner's first plan
 from then on: the class shares of its regime, the true shares of the requests in flight over
 the `--window` before (counted at each plan), and the planner's forecast of each `--forecast`
-pool for the users it planned for. Compare the forecasts with the same pools held from the
-start (`depth_sim.py --pool launched --restart 1:0:k1 ...`).
+pool for the users it planned for and for the same number split as they were in flight.
+Compare the forecasts with the same pools held from the start (`depth_sim.py --pool launched
+--restart 1:0:k1 ...`).
 
     .venv/bin/python benchmarks/inflight_split.py --trace scenarios/depth-temperature-swing.toml \\
         --startup 46.4 --at 1510 --forecast 1,7,7 --forecast 3,7,3 --forecast 7,7,7
@@ -81,13 +82,15 @@ def _report(
         for c, n in counts.items():
             true[c] = true.get(c, 0.0) + n
     users = user_split(regime.concurrency, regime.shares)
+    flight = user_split(regime.concurrency, true)
     print(f"at {now:.0f} s, {regime.concurrency:.1f} in flight")
     print(f"  the loop's mix:      {_short(regime.shares)}")
     print(f"  in flight, last {seen[-1][0] - seen[0][0]:.0f} s: {_short(_shares(true))}")
     for settings in shown:
-        fc = forecast([Setting(steps=k) for k in settings], users, est)
+        pool = [Setting(steps=k) for k in settings]
+        fc, held = forecast(pool, users, est), forecast(pool, flight, est)
         label = "/".join(f"k{k}" for k in settings)
-        print(f"  forecast {label}: {fc.tok_s:.0f} tok/s")
+        print(f"  forecast {label}: {fc.tok_s:.0f} tok/s ({held.tok_s:.0f} as in flight)")
 
 
 if __name__ == "__main__":
