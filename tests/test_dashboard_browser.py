@@ -124,6 +124,10 @@ def test_dashboard_shows_live_numbers_that_change_under_load(demo: str, tmp_path
             )
             assert badges == ["k=1", "k=2", "k=3"]
             assert page.text_content("#policy-name") == "least_loaded"
+            # No planner in the demo: the panel says so once, with what runs one.
+            off = "() => document.getElementById('plan-mode').textContent === 'off'"
+            page.wait_for_function(off)
+            assert "launch --reconfigure" in (page.text_content("#plan-verdict") or "")
             with Load(demo):
                 # Tokens flow and requests are in flight on the page, not only in the API.
                 page.wait_for_function(
@@ -142,6 +146,7 @@ def test_dashboard_shows_live_numbers_that_change_under_load(demo: str, tmp_path
                 _relayed_and_server_rates_are_explained(page)
                 _decisions_are_a_bounded_list(page)
                 _each_lane_shows_its_requests_and_speeds(page)
+                _classes_show_what_the_planner_reads(page)
                 _switch_policy_from_the_page(page, demo)
                 page.click("button[data-window='60']")
                 _share_axis_matches_its_title(page, "1 min", 60)
@@ -260,3 +265,16 @@ def test_the_share_chart_leaves_idle_stretches_blank(demo: str) -> None:
             browser.close()
     assert len(pieces) == 4  # two depths, two stretches of traffic each
     assert sorted(pieces) == ["1", "1", "3", "3"]
+
+
+def _classes_show_what_the_planner_reads(page: playwright.Page) -> None:
+    """Each class's first-token wait and the pause other requests' prefills cost it, as
+    `/pool` has them: the demo streams, several requests share each server."""
+    page.wait_for_function(
+        """() => ["first_token_s", "prefill_pause_s"].every((m) =>
+            [...document.querySelectorAll(`#class-table [data-metric=${m}]`)]
+              .some((e) => !isNaN(parseFloat(e.textContent))))"""
+    )
+    heads = page.eval_on_selector_all("#class-table th", "els => els.map(e => e.textContent)")
+    assert "first token (s)" in heads
+    assert "prefill pause (s)" in heads
