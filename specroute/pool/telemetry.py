@@ -12,8 +12,8 @@ their median for the decode alone, the difference for the other requests' prefil
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable, Mapping
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -105,16 +105,23 @@ def iteration_sample(outcome: Outcome, capacity: int | None) -> IterationSample 
     gaps = outcome.chunk_gaps_s
     if len(gaps) < 3 or outcome.error is not None:
         return None
-    median = statistics.median(gaps)
+    ordered = sorted(gaps)  # once: both medians read it (this runs on every reply)
+    median = _sorted_median(ordered)
     if median <= 0:
         return None
-    used = [g for g in gaps if g > 0.25 * median]
+    used = ordered[bisect.bisect_right(ordered, 0.25 * median) :]
     batch = outcome.mean_in_flight if outcome.mean_in_flight is not None else None
     batch = batch if batch is not None else float(outcome.in_flight_at_start)
     if capacity:
         batch = min(batch, float(capacity))
     mean = sum(gaps) / len(used)
-    return IterationSample(max(1.0, batch), mean, len(used), min(mean, statistics.median(used)))
+    return IterationSample(max(1.0, batch), mean, len(used), min(mean, _sorted_median(used)))
+
+
+def _sorted_median(ordered: Sequence[float]) -> float:
+    """`statistics.median` of values already sorted."""
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass(slots=True)
