@@ -33,7 +33,13 @@ from specroute.reconfigure.advisor import Advisor
 from specroute.reconfigure.loop import ProxyLink, ReconfigureOptions, Reconfigurer, replicas
 from specroute.reconfigure.options import reconfigure_options
 from specroute.reconfigure.readings import Traffic, estimates
-from specroute.wire import BackendSnapshot, IterationFit, PoolEstimates, PoolSnapshot
+from specroute.wire import (
+    BackendSnapshot,
+    ClassSnapshot,
+    IterationFit,
+    PoolEstimates,
+    PoolSnapshot,
+)
 
 K1, K3 = Setting(steps=1), Setting(steps=3)
 
@@ -187,6 +193,32 @@ def test_traffic_splits_in_flight_by_recent_completions() -> None:
     loads, queued = traffic.sample(pool_answer({"g": 13, "s": 11}))
     assert loads == {"g": 4.5, "s": 1.5}
     assert queued == 2.0
+
+
+def test_a_reply_an_answer_splits_the_load_by_tokens_not_by_requests() -> None:
+    # Three users, long greedy replies and one short sampled reply in ten: a reply or none
+    # per answer. Read alone, each answer split the load all to its reply's class, and the
+    # mix summed over a regime was the requests' 90% greedy; the tokens are 98% greedy.
+    def answer(greedy: int, sampled: int) -> PoolSnapshot:
+        snap = pool_answer({})
+        snap.estimates.classes = {
+            "g": ClassSnapshot(alpha=0.9, samples=greedy, completions=greedy, mean_tokens=2048.0),
+            "s": ClassSnapshot(alpha=0.6, samples=sampled, completions=sampled, mean_tokens=256.0),
+        }  # fmt: skip
+        return snap
+
+    traffic = Traffic()
+    traffic.sample(answer(0, 0))
+    greedy = sampled = 0
+    shares = []
+    for i in range(40):
+        if i % 10 == 9:
+            sampled += 1
+        else:
+            greedy += 1
+        loads, _ = traffic.sample(answer(greedy, sampled))
+        shares.append(loads["g"] / sum(loads.values()))
+    assert sum(shares[10:]) / len(shares[10:]) == pytest.approx(9 * 2048 / (9 * 2048 + 256))
 
 
 def test_traffic_counts_every_replicas_requests_from_the_combined_load() -> None:

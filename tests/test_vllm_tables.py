@@ -261,5 +261,6 @@ def test_after_the_first_answer_every_reply_counts_in_the_mix_and_the_rate() -> 
     assert loads["m:sampled"] == pytest.approx(3 * loads["m:greedy"])
     before = traffic.tokens
     loads, _ = traffic.sample(answer((3, 3), (1, 9)))  # eight greedy replies at depth 0
-    assert set(loads) == {"m:greedy"}  # this answer's replies, all greedy: they count
+    # these replies, all greedy, count: with the four before them (MIX_REPLIES), 9 greedy to 3
+    assert loads["m:greedy"] == pytest.approx(3 * loads["m:sampled"])
     assert traffic.tokens - before == pytest.approx(8 * 100.0)
