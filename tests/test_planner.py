@@ -573,6 +573,21 @@ def test_a_first_regime_is_expected_to_last_as_long_again_as_it_has() -> None:
     assert planner.regimes.view(now).expected_remaining_s < 600.0
 
 
+def test_a_first_regime_older_than_the_prior_leaves_no_load_unseen() -> None:
+    # A quiet night of two users from launch: the part of the horizon past what the regime is
+    # expected to last is load not seen yet (charged at the peak) until it has lasted
+    # `prior_s`; then the load the pool was started into is the load seen.
+    tracker = RegimeTracker(prior_s=1800.0)
+    for t in range(0, 1200, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    assert sum(w for w, _ in tracker.mixture(1198.0, 2000.0)) < 0.9
+    for t in range(1200, 1900, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    ((weight, load),) = tracker.mixture(1898.0, 2000.0)
+    assert weight == 1.0
+    assert load.concurrency == pytest.approx(2.0)
+
+
 def test_a_regime_is_expected_to_last_as_regimes_of_its_load_did() -> None:
     # Short quiet spells between long busy hours: the third quiet spell is expected to be as
     # short as the first two, not as long as the hours between them.

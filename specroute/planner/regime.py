@@ -224,8 +224,13 @@ class RegimeTracker:
         long as it is expected to last, the rest of the horizon shared by the regimes seen
         lately (the latest ones covering twice the horizon) in proportion to how long each
         lasted. Weights sum to less than 1 when no regime has ended yet: the rest of the
-        horizon is unknown."""
+        horizon is unknown, until the first regime has outlived `prior_s`: the load the pool
+        was started into, held that long, is seen (before, the caution for load not seen yet
+        lapsed only when a regime ended, and on a quiet night of two users that was a window
+        whose mix read all greedy by chance, an hour in)."""
         current = Past(duration_s=0.0, concurrency=self.level, shares=self.mix)
+        if not self.past and self._start is not None and now - self._start >= self.prior_s:
+            return [(1.0, current)]
         stay = min(1.0, self.expected_remaining(now) / horizon_s) if horizon_s > 0 else 1.0
         recent: list[Past] = []
         for past in reversed(self.past):
