@@ -724,6 +724,28 @@ def test_a_first_quiet_spell_is_not_taken_for_all_the_load_to_come() -> None:
     assert lasted.plan(now, pool(1, 1, 1), estimates()).verdict == "reconfigure"
 
 
+def test_regimes_named_to_last_an_hour_let_a_first_quiet_spell_go_deep_at_once() -> None:
+    # Ten minutes after launch, two greedy users: left to learn, the loop holds (the spell is
+    # expected to last as long again, and the rest of the horizon is load not seen yet). An
+    # operator who knows the load changes by the hour says so, and the same spell is
+    # expected to last until it is an hour old: none of the horizon is unseen, the pool goes
+    # deep. Past the hour, the lengths are learned as before.
+    first, now = planner_after([(600.0, {GREEDY: 2.0})])
+    assert first.plan(now, pool(1, 1, 1), estimates()).verdict == "hold: nothing gains enough"
+    named, now = planner_after([(600.0, {GREEDY: 2.0})], regime_min_s=3600.0)
+    assert named.regimes.view(now).expected_remaining_s == pytest.approx(3000.0, abs=2.0)
+    plan = named.plan(now, pool(1, 1, 1), estimates())
+    assert plan.verdict == "reconfigure", plan.reason
+    assert "not seen yet" not in plan.reason
+    tracker = RegimeTracker(prior_s=1800.0, min_s=3600.0)
+    for t in range(0, 4000, 2):
+        tracker.observe(float(t), {GREEDY: 2.0})
+    assert tracker.expected_remaining(600.0, 1000.0) == pytest.approx(1000.0)
+    assert tracker.view(3998.0).expected_remaining_s == 1800.0
+    with pytest.raises(ValueError, match="regime_min_s"):
+        PlannerOptions(regime_min_s=-1.0)
+
+
 def test_a_change_that_loses_now_waits_until_a_regime_like_this_one_has_ended() -> None:
     # Twelve greedy users for ten minutes, then twelve sampled ones for five. Deep drafts win
     # the greedy load and lose this one: three k7 servers yield 460 tok/s here against 656

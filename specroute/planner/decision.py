@@ -64,6 +64,12 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     """The operator's prior for how long a load regime lasts, before any has been seen."""
     regime_prior_weight: float = 1.0
     """How many seen regimes the prior counts as."""
+    regime_min_s: float = 0.0
+    """How long the operator knows a load regime lasts at the least (0: nothing known, the
+    lengths are learned): a regime younger than this is expected to last until it is this
+    old, whatever has been seen. Where load changes by the hour, 3600 lets the first quiet
+    spell take the pool deep minutes in, not tens of minutes; where it changes faster, the
+    loop restarts for regimes that end before the restart pays."""
     band: float = 1.5
     """A regime ends when concurrency moves by this ratio..."""
     mix_shift: float = 0.25
@@ -78,6 +84,8 @@ class PlannerOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError("max_unavailable must be >= 1 and max_steps >= 0")
         if self.margin < 0 or self.min_gain < 0 or self.band <= 1:
             raise ValueError("margin and min_gain must be >= 0, band > 1")
+        if self.regime_min_s < 0:
+            raise ValueError("regime_min_s must be >= 0")
 
 
 class ServerState(msgspec.Struct, frozen=True, kw_only=True):

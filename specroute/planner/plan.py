@@ -76,6 +76,7 @@ class Planner:
             window_s=o.window_s,
             prior_s=o.regime_prior_s,
             prior_weight=o.regime_prior_weight,
+            min_s=o.regime_min_s,
         )
         self._launched: float | None = None
         """The slots of the pool at its first plan: the peak it was sized for."""

@@ -61,6 +61,7 @@ class RegimeTracker:
         window_s: float = 60.0,
         prior_s: float = 1800.0,
         prior_weight: float = 1.0,
+        min_s: float = 0.0,
         history: int = 64,
     ) -> None:
         self.band = band
@@ -68,6 +69,8 @@ class RegimeTracker:
         self.window_s = window_s
         self.prior_s = prior_s
         self.prior_weight = prior_weight
+        self.min_s = min_s
+        """How long a regime lasts at the least, as the operator knows it (0: not known)."""
         self.past: deque[Past] = deque(maxlen=history)
         """The regimes that ended, latest last: the load the pool has actually seen."""
         self.level = 0.0
@@ -184,16 +187,20 @@ class RegimeTracker:
 
         With `within_s`, the expected part of the next `within_s` the regime fills (the mean
         of the residual cut at `within_s`), from the same residuals and the prior taken as
-        exponential: a regime expected to last as long as the span fills 63% of it, not all."""
+        exponential: a regime expected to last as long as the span fills 63% of it, not all.
+
+        Never less than what `min_s` leaves of the regime (the operator's word that regimes
+        last that long), of the span where one is given."""
         age = now - (self._start if self._start is not None else now)
+        left = min(max(0.0, self.min_s - age), within_s)
         again = min(self.prior_s, max(age, self.window_s))
         alike = [p.duration_s for p in self.past if self.alike(p)]
         prior = again if math.isinf(within_s) else again * -math.expm1(-within_s / again)
         if alike:
-            return self._residual(alike, age, prior, within_s)
+            return max(left, self._residual(alike, age, prior, within_s))
         if not self.past:
-            return prior
-        return max(prior, self._residual(self.durations, age, prior, within_s))
+            return max(left, prior)
+        return max(left, prior, self._residual(self.durations, age, prior, within_s))
 
     def _residual(self, durations: list[float], age: float, prior: float, cut: float) -> float:
         """The mean residual at `age` of `durations`, each cut at `cut`, with `prior`. Past the
