@@ -254,6 +254,22 @@ def test_a_miss_counts_against_the_forecast_beyond_the_realized_gains_noise() ->
     assert planner.bar == pytest.approx(planner.options.min_gain + 0.10)
 
 
+def test_a_change_short_of_paying_by_less_than_its_noise_leaves_the_bar() -> None:
+    # Read at -8.7% with a standard error of 18.9%, a change's gain says neither that it paid
+    # nor that it did not: the regret guard holds. Short beyond its noise, it raises the bar;
+    # paid, it lowers it again.
+    planner, _ = planner_after([(1200.0, {GREEDY: 2.0})])
+    planner.account(-0.087, noise=0.189)
+    assert planner.regret == 0.0
+    assert planner.bar == planner.options.min_gain
+    planner.account(-0.087, noise=0.05)
+    assert planner.regret == pytest.approx(planner.options.min_gain)
+    planner.account(-0.087, noise=0.189)
+    assert planner.regret == pytest.approx(planner.options.min_gain)
+    planner.account(0.05, noise=0.2)
+    assert planner.regret == 0.0
+
+
 def test_the_depth_loop_gives_the_planner_each_accounts_noise() -> None:
     # Through `specroute launch`'s loop: the account it logs carries the realized gain's
     # noise, and a miss inside it leaves the next change's bar at min_gain.

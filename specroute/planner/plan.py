@@ -187,20 +187,23 @@ class Planner:
     ) -> None:
         """A change's realized gain (its rate after over its rate before, less one, in the
         same regime, the current one: an account closes in the regime it began in) and the
-        gain its plan forecast. One that fell short of `min_gain` raises the bar by
-        `min_gain` (up to `regret_cap`); one that paid lowers it by as much.
+        gain its plan forecast. One that fell short of `min_gain` by more than `noise`
+        raises the bar by `min_gain` (up to `regret_cap`); one that paid lowers it by as
+        much; one short by less than its noise leaves it: it says neither.
 
         The forecast's miss counts beyond `noise`, the realized gain's standard error: at a
         few users a rate is a few dozen replies, whose count moves by chance, and a miss of
-        that size taken at face value raised the bar over the next change's gain."""
+        that size taken at face value raised the bar over the next change's gain. So does
+        the shortfall: a gain read at -8.7% with a standard error of 18.9% doubled the bar
+        on costly-drafts' day, as if the change had not paid."""
         o = self.options
         if forecast_gain is not None:
             beyond = max(0.0, forecast_gain - realized_gain - noise)
             self.overpromised.append((beyond, self.regimes.load))
         step = max(o.min_gain, 0.01)
-        if realized_gain < o.min_gain:
+        if realized_gain + noise < o.min_gain:
             self.regret = min(o.regret_cap, self.regret + step)
-        else:
+        elif realized_gain >= o.min_gain:
             self.regret = max(0.0, self.regret - step)
 
     def horizon(self, servers: Sequence[ServerState], regime: Regime) -> float:
