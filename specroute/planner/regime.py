@@ -197,10 +197,12 @@ class RegimeTracker:
         alike = [p.duration_s for p in self.past if self.alike(p)]
         prior = again if math.isinf(within_s) else again * -math.expm1(-within_s / again)
         if alike:
-            return max(left, self._residual(alike, age, prior, within_s))
-        if not self.past:
-            return max(left, prior)
-        return max(left, prior, self._residual(self.durations, age, prior, within_s))
+            learned = self._residual(alike, age, prior, within_s)
+        elif not self.past:
+            learned = prior
+        else:
+            learned = max(prior, self._residual(self.durations, age, prior, within_s))
+        return max(left, learned)
 
     def _residual(self, durations: list[float], age: float, prior: float, cut: float) -> float:
         """The mean residual at `age` of `durations`, each cut at `cut`, with `prior`. Past the
