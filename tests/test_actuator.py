@@ -432,6 +432,28 @@ def test_a_bad_reconfigure_option_is_refused_before_anything_starts(extra: tuple
         reconfigure_options(_launch_args(*extra))
 
 
+@pytest.mark.parametrize(
+    ("option", "flag"),
+    [("min_dwell_s=60", "--min-dwell"), ("max_steps=7", "--allowed-steps"),
+     ("drain_s=5", "--drain"), ("max_unavailable=2", "--max-unavailable"),
+     ("tables=true", "--allow-adaptive")],
+)  # fmt: skip
+def test_a_planner_option_a_flag_sets_names_the_flag(option: str, flag: str) -> None:
+    # Both given, the option used to win over the flag without a word.
+    with pytest.raises(UsageError, match=f"set it with {flag}"):
+        reconfigure_options(_launch_args("--min-dwell", "300", "--planner-option", option))
+
+
+def test_an_unknown_planner_option_lists_the_settings_there_are() -> None:
+    with pytest.raises(UsageError) as refused:
+        reconfigure_options(_launch_args("--planner-option", "regime_min=3600"))
+    said = str(refused.value)
+    assert "--planner-option regime_min:" in said
+    assert "regime_min_s" in said
+    assert "peak_concurrency" in said
+    assert "min_dwell_s" not in said  # --min-dwell sets it
+
+
 def test_the_loop_gets_an_admin_key_the_proxy_is_given_hidden() -> None:
     plan = build_plan(LaunchOptions(model="m", steps=(1,), emulate=True))
     keyed, key = with_admin_key(plan, None)

@@ -4,14 +4,17 @@ their checks: a UsageError names the flag, and the command exits 2 before anythi
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 from specroute.cmdline import UsageError, parse_ints
+from specroute.planner import PlannerOptions
 from specroute.reconfigure.loop import ReconfigureOptions
 
 __all__ = [
+    "LAUNCH_FLAGGED",
     "add_arguments",
     "add_planner_arguments",
     "allowed_steps",
@@ -69,13 +72,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # fmt: on
 
 
-def planner_fields(items: list[str]) -> dict[str, Any]:
+_FLAGGED = {
+    "max_steps": "--allowed-steps",
+    "min_dwell_s": "--min-dwell",
+    "adaptive": "--allow-adaptive",
+    "tables": "--allow-adaptive",
+}
+"""Planner settings every command with `--planner-option` sets from a flag of its own."""
+
+LAUNCH_FLAGGED = {**_FLAGGED, "max_unavailable": "--max-unavailable", "drain_s": "--drain"}
+"""... and those `launch` sets from its own flags besides."""
+
+
+def planner_fields(items: list[str], flagged: Mapping[str, str] = _FLAGGED) -> dict[str, Any]:
+    """`--planner-option KEY=VALUE`s as fields of `PlannerOptions`; UsageError for a key that
+    is no setting (naming those that are) and for one a flag sets (`flagged`): given both, the
+    option won over the flag unseen (`--min-dwell 60 --planner-option min_dwell_s=900` held
+    900 s)."""
     fields: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise UsageError(f"--planner-option takes KEY=VALUE, not {item!r}")
-        fields[key.strip()] = value.strip()
+        if key in flagged:
+            raise UsageError(f"--planner-option {key}: set it with {flagged[key]}")
+        if key not in PlannerOptions.__struct_fields__:
+            known = ", ".join(f for f in PlannerOptions.__struct_fields__ if f not in flagged)
+            raise UsageError(
+                f"--planner-option {key}: no such planner setting; the settings: {known}"
+            )
+        fields[key] = value.strip()
     return fields
 
 
@@ -105,7 +132,7 @@ def reconfigure_options(
         min_dwell_s=args.min_dwell,
         max_unavailable=args.max_unavailable,
         drain_s=args.drain,
-        planner=planner_fields(args.planner_option),
+        planner=planner_fields(args.planner_option, LAUNCH_FLAGGED),
     )
     try:
         options.planner_options()
