@@ -50,7 +50,14 @@ def test_shipped_policy_scenario_ramps_one_to_sixty_four_and_back() -> None:
 def test_scenario_with_a_bad_phase_is_refused_naming_the_field(tmp_path: Path) -> None:
     path = tmp_path / "bad.toml"
     path.write_text('name = "bad"\n[[phases]]\nname = "x"\nduration = "long"\n')
-    with pytest.raises(msgspec.ValidationError, match=r"phases\[0\]\.duration"):
+    with pytest.raises(msgspec.ValidationError, match=r"bad\.toml: .*phases\[0\]\.duration"):
+        load_scenario(path)
+
+
+def test_a_scenario_that_is_not_toml_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("phases = [\n")
+    with pytest.raises(ValueError, match=r"scenario .*broken\.toml: not valid TOML"):
         load_scenario(path)
 
 

@@ -55,9 +55,18 @@ class Scenario(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """A scenario from TOML; msgspec's errors name the bad field (`$.phases[2].duration`)."""
+    """A scenario from TOML. Its errors name the file: ValueError where it is not TOML,
+    msgspec.ValidationError (a ValueError) naming the field where it is but a value is wrong
+    (`$.phases[2].duration`); OSError where it cannot be read."""
     with Path(path).open("rb") as handle:
-        return msgspec.convert(tomllib.load(handle), type=Scenario)
+        try:
+            raw = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"scenario {path}: not valid TOML: {exc}") from exc
+    try:
+        return msgspec.convert(raw, type=Scenario)
+    except msgspec.ValidationError as exc:
+        raise msgspec.ValidationError(f"scenario {path}: {exc}") from exc
 
 
 def _settings(
