@@ -200,3 +200,20 @@ def test_lanes_on_the_priors_pool_of_one_depth_get_a_note(
         status, _, err = _dry_run(capsys, *flags)
         assert status == 0, err
         assert note not in err
+
+
+def test_loop_flags_with_the_loop_off_get_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    # With --reconfigure off no planner runs: a planner setting or dwell given then is said to
+    # do nothing, where before it was taken in silence.
+    status, _, err = _dry_run(
+        capsys, "--steps", "1,2", "--reconfigure", "off", "--planner-option", "settle_s=5",
+        "--min-dwell", "60",
+    )  # fmt: skip
+    assert status == 0, err
+    assert "note: --planner-option settle_s=5 has no effect with --reconfigure off" in err
+    assert "note: --min-dwell has no effect with --reconfigure off" in err
+    status, _, err = _dry_run(
+        capsys, "--steps", "1,2", "--reconfigure", "advise", "--planner-option", "settle_s=5"
+    )
+    assert status == 0, err
+    assert "has no effect" not in err

@@ -304,8 +304,23 @@ def _with_depth_loop(
 ) -> tuple[LaunchPlan, str]:
     """The plan and the admin key the depth loop calls the proxy with (`--reconfigure`)."""
     if reconfigure.mode == "off":
+        for flag in _loop_only_flags(args):
+            print(f"specroute launch: note: {flag} has no effect with --reconfigure off "
+                  "(no planner runs)", file=sys.stderr)  # fmt: skip
         return plan, ""
     return with_admin_key(plan, proxy_config(args).admin_key)
+
+
+def _loop_only_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that only the depth loop reads (`--allowed-steps` and
+    `--allow-adaptive` also choose the pool a prior recommends, so they are not among them)."""
+    defaults = ReconfigureOptions()
+    given = [f"--planner-option {item}" for item in args.planner_option]
+    if args.min_dwell != defaults.min_dwell_s:
+        given.append("--min-dwell")
+    if args.max_unavailable != defaults.max_unavailable:
+        given.append("--max-unavailable")
+    return given
 
 
 def _cannot_start(plan: LaunchPlan) -> bool:
