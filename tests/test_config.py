@@ -126,6 +126,28 @@ def test_environment_backends_take_names_like_the_flag() -> None:
 
 
 @pytest.mark.parametrize(
+    ("toml", "said"),
+    [
+        ('polcy = "throughput"\n', "unknown field `polcy`; did you mean policy?"),
+        ("[lanes]\nresrve = 4\n", "unknown field `resrve` - at `$.lanes`; did you mean reserve?"),
+        (
+            '[[backends]]\nurl = "http://127.0.0.1:9"\nnmae = "a"\n',
+            "unknown field `nmae` - at `$.backends[0]`; did you mean name?",
+        ),
+        ("zzzzqq = 1\n", "unknown field `zzzzqq`; `specroute config example` lists them"),
+    ],
+)
+def test_a_misspelt_key_in_the_file_is_refused_naming_the_closest_setting(
+    tmp_path: Path, toml: str, said: str
+) -> None:
+    path = tmp_path / "proxy.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, environ={})
+    assert said in str(refused.value)
+
+
+@pytest.mark.parametrize(
     ("name", "closest"),
     [
         ("SPECROUTE_TIMEOUT__IDLE_S", "SPECROUTE_TIMEOUTS__IDLE_S"),
