@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,10 +18,10 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
-import msgspec.inspect
 
 from specroute.errors import ConfigError
 from specroute.lanes import LanesConfig
+from specroute.structdoc import misspelt_hint
 
 __all__ = [
     "AdmissionConfig",
@@ -487,26 +486,6 @@ def _normalise_backends(data: dict[str, Any]) -> None:
         data["backends"] = [parse_backend(b) if isinstance(b, str) else b for b in backends]
 
 
-_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([^`]*)`(?: - at `\$(.*)`)?$")
-
-
-def _unknown_field_hint(message: str) -> str:
-    """`; did you mean policy?` for msgspec's `Object contains unknown field `polcy``, from the
-    settings of the table it is in (`- at `$.lanes``), as for environment variables."""
-    match = _UNKNOWN_FIELD.match(message)
-    if match is None:
-        return ""
-    info: Any = msgspec.inspect.type_info(Config)
-    for part in re.findall(r"\.(\w+)", match.group(2) or ""):
-        fields = {f.name: f.type for f in getattr(info, "fields", ())}
-        info = fields.get(part)
-        while isinstance(info, msgspec.inspect.VarTupleType | msgspec.inspect.ListType):
-            info = info.item_type
-    names = [f.name for f in getattr(info, "fields", ())]
-    close = difflib.get_close_matches(match.group(1), names, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else "; `specroute config example` lists them"
-
-
 def load_config(
     path: str | Path | None = None,
     *,
@@ -523,6 +502,7 @@ def load_config(
     try:
         return msgspec.convert(data, Config, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid configuration: {exc}{_unknown_field_hint(str(exc))}") from exc
+        hint = misspelt_hint(str(exc), Config, "; `specroute config example` lists them")
+        raise ConfigError(f"invalid configuration: {exc}{hint}") from exc
     except RecursionError as exc:  # a value nested past any setting's depth
         raise ConfigError("invalid configuration: a value is nested too deeply") from exc

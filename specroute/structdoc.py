@@ -4,13 +4,18 @@ type in a few words, for `specroute policies` and the generated example configur
 from __future__ import annotations
 
 import ast
+import difflib
 import inspect
 import itertools
+import re
 import textwrap
+from typing import Any
 
 import msgspec
 
-__all__ = ["describe_type", "field_docs"]
+__all__ = ["describe_type", "field_docs", "misspelt_hint"]
+
+_UNKNOWN_FIELD = re.compile(r"^Object contains unknown field `([^`]*)`(?: - at `\$(.*)`)?$")
 
 
 def field_docs(struct: type) -> dict[str, str]:
@@ -58,3 +63,37 @@ def describe_type(kind: msgspec.inspect.Type) -> str:
         return f"list of {describe_type(kind.item_type)}"
     names = {mi.StrType: "string", mi.BoolType: "true|false", mi.StructType: "table"}
     return names.get(type(kind), type(kind).__name__.removesuffix("Type").lower())
+
+
+def _table(kind: Any) -> Any:
+    """The struct a value of `kind` is, or holds a list of (None when none)."""
+    mi = msgspec.inspect
+    while True:
+        if isinstance(kind, mi.Metadata):
+            kind = kind.type
+        elif isinstance(kind, mi.VarTupleType | mi.ListType):
+            kind = kind.item_type
+        elif isinstance(kind, mi.UnionType):
+            kind = next((t for t in kind.types if isinstance(t, mi.StructType)), None)
+        else:
+            return kind if isinstance(kind, mi.StructType) else None
+
+
+def misspelt_hint(message: str, root: type, fallback: str | None = None) -> str:
+    """What to add to msgspec's `Object contains unknown field `polcy`` (`- at `$.lanes``)
+    decoding `root`: `; did you mean policy?` from the fields of the table it is in, else
+    `fallback`, else those fields; "" for any other message."""
+    match = _UNKNOWN_FIELD.match(message)
+    if match is None:
+        return ""
+    table = _table(msgspec.inspect.type_info(root))
+    for part in re.findall(r"\.(\w+)", match.group(2) or ""):
+        fields = {f.name: f.type for f in table.fields} if table is not None else {}
+        table = _table(fields.get(part))
+    names = [f.name for f in table.fields] if table is not None else []
+    close = difflib.get_close_matches(match.group(1), names, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]}?"
+    if fallback is not None or not names:
+        return fallback or ""
+    return f"; the fields there: {', '.join(names)}"

@@ -444,14 +444,26 @@ def test_a_planner_option_a_flag_sets_names_the_flag(option: str, flag: str) -> 
         reconfigure_options(_launch_args("--min-dwell", "300", "--planner-option", option))
 
 
-def test_an_unknown_planner_option_lists_the_settings_there_are() -> None:
-    with pytest.raises(UsageError) as refused:
+def test_an_unknown_planner_option_names_the_setting_meant_or_those_there_are() -> None:
+    with pytest.raises(UsageError, match=r"option regime_min: .*did you mean regime_min_s\?"):
         reconfigure_options(_launch_args("--planner-option", "regime_min=3600"))
+    with pytest.raises(UsageError) as refused:
+        reconfigure_options(_launch_args("--planner-option", "zzz=1"))
     said = str(refused.value)
-    assert "--planner-option regime_min:" in said
-    assert "regime_min_s" in said
+    assert "--planner-option zzz: no such planner setting; the settings:" in said
     assert "peak_concurrency" in said
     assert "min_dwell_s" not in said  # --min-dwell sets it
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [("settle_s=abc", "--planner-option settle_s=abc: expected number"),
+     ("objective=fast", "--planner-option objective=fast: expected goodput|latency|throughput")],
+)  # fmt: skip
+def test_a_planner_option_of_the_wrong_kind_says_what_it_takes(option: str, said: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        reconfigure_options(_launch_args("--planner-option", option))
+    assert str(refused.value).startswith(said)
 
 
 def test_the_loop_gets_an_admin_key_the_proxy_is_given_hidden() -> None:

@@ -80,3 +80,17 @@ def test_trace_reports_every_phase_with_greedy_accepting_more(tmp_path: Path) ->
     table = render_table(result)
     assert "eight" in table
     assert "greedy" in table
+
+
+def test_a_misspelt_key_in_a_scenario_names_the_field_meant(tmp_path: Path) -> None:
+    path = tmp_path / "typo.toml"
+    path.write_text('name = "t"\n[[phases]]\nname = "a"\nconcurency = 1\nduration = 5\n')
+    with pytest.raises(
+        msgspec.ValidationError, match=r"\$\.phases\[0\]`; did you mean concurrency\?"
+    ):
+        load_scenario(path)
+    path.write_text('name = "t"\nzzqq = 1\n')
+    with pytest.raises(
+        msgspec.ValidationError, match=r"the fields there: name, description, prompts"
+    ):
+        load_scenario(path)

@@ -21,6 +21,7 @@ from specroute.bench.sweep import (
     realism_warnings,
 )
 from specroute.bench.workload import ApiSettings, PromptSettings, Sampling
+from specroute.structdoc import misspelt_hint
 
 __all__ = ["Phase", "Scenario", "load_scenario", "run_trace"]
 
@@ -66,7 +67,8 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         return msgspec.convert(raw, type=Scenario)
     except msgspec.ValidationError as exc:
-        raise msgspec.ValidationError(f"scenario {path}: {exc}") from exc
+        hint = misspelt_hint(str(exc), Scenario)
+        raise msgspec.ValidationError(f"scenario {path}: {exc}{hint}") from exc
 
 
 def _settings(

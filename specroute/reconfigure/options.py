@@ -4,14 +4,18 @@ their checks: a UsageError names the flag, and the command exits 2 before anythi
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+import msgspec.inspect
 
 from specroute.cmdline import UsageError, parse_ints
 from specroute.planner import PlannerOptions
 from specroute.reconfigure.loop import ReconfigureOptions
+from specroute.structdoc import describe_type
 
 __all__ = [
     "LAUNCH_FLAGGED",
@@ -98,12 +102,29 @@ def planner_fields(items: list[str], flagged: Mapping[str, str] = _FLAGGED) -> d
         if key in flagged:
             raise UsageError(f"--planner-option {key}: set it with {flagged[key]}")
         if key not in PlannerOptions.__struct_fields__:
-            known = ", ".join(f for f in PlannerOptions.__struct_fields__ if f not in flagged)
-            raise UsageError(
-                f"--planner-option {key}: no such planner setting; the settings: {known}"
-            )
+            known = [f for f in PlannerOptions.__struct_fields__ if f not in flagged]
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else f"the settings: {', '.join(known)}"
+            raise UsageError(f"--planner-option {key}: no such planner setting; {hint}")
         fields[key] = value.strip()
     return fields
+
+
+def _value_error(message: str, planner: Mapping[str, Any]) -> str:
+    """msgspec's `Expected `float`, got `str` - at `$.settle_s``, said of the flag that gave
+    the value and with what the setting takes (`--planner-option settle_s=abc: expected a
+    number`)."""
+    at = re.search(r" - at `\$\.(\w+)`$", message)
+    key = at.group(1) if at else ""
+    if key in planner:
+        info = msgspec.inspect.type_info(PlannerOptions)
+        assert isinstance(info, msgspec.inspect.StructType)
+        kinds = {f.name: f.type for f in info.fields}
+        wanted = describe_type(kinds[key])
+        return f"--planner-option {key}={planner[key]}: expected {wanted} ({message})"
+    if key == "max_unavailable":
+        return f"--max-unavailable: {message}"
+    return f"--planner-option / --max-unavailable: {message}"
 
 
 def allowed_steps(text: str) -> tuple[int, ...]:
@@ -136,6 +157,8 @@ def reconfigure_options(
     )
     try:
         options.planner_options()
-    except (msgspec.ValidationError, ValueError) as exc:
+    except msgspec.ValidationError as exc:
+        raise UsageError(_value_error(str(exc), options.planner)) from exc
+    except ValueError as exc:
         raise UsageError(f"--planner-option / --max-unavailable: {exc}") from exc
     return options
