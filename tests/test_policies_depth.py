@@ -245,6 +245,13 @@ def test_bad_policy_options_are_rejected_with_the_policy_named(spec: str) -> Non
         create(spec)
 
 
+def test_a_misspelt_policy_option_names_the_option_meant() -> None:
+    with pytest.raises(UnknownPolicyError, match=r"`objectve`; did you mean objective\?"):
+        create("throughput:objectve=goodput")
+    with pytest.raises(UnknownPolicyError, match=r"`specroute policies` lists bandit's options"):
+        create("bandit:zzqq=1")
+
+
 def test_policies_command_lists_every_policy_with_its_options() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "specroute", "policies"], capture_output=True, text=True, check=True

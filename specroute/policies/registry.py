@@ -20,7 +20,7 @@ from specroute.policies.static import Static
 from specroute.policies.threshold import Threshold
 from specroute.policies.throughput import Throughput
 from specroute.policies.types import Policy
-from specroute.structdoc import describe_type, field_docs
+from specroute.structdoc import describe_type, field_docs, misspelt_hint
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -132,4 +132,5 @@ def create(spec: str, options: Mapping[str, Any] | None = None) -> Policy:
     try:
         return factory(msgspec.convert(values, kind, strict=False))
     except (msgspec.ValidationError, ValueError) as exc:
-        raise UnknownPolicyError(f"bad options for policy {name!r}: {exc}") from exc
+        hint = misspelt_hint(str(exc), kind, f"; `specroute policies` lists {name}'s options")
+        raise UnknownPolicyError(f"bad options for policy {name!r}: {exc}{hint}") from exc
