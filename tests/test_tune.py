@@ -122,6 +122,24 @@ def test_a_run_without_gpus_or_model_says_what_is_missing(
     assert "--time-scale is for emulated servers" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [("--min-requests", "0", "--min-requests must be >= 1"),
+     ("--requests-per-concurrency", "0", "--requests-per-concurrency > 0"),
+     ("--warmup", "-1", "--warmup >= 0"),
+     ("--temperature", "-1", "--temperature must be >= 0"),
+     ("--max-tokens", "0", "--max-tokens >= 1"),
+     ("--top-p", "0", "--top-p in (0, 1]"),
+     ("--tp", "0", "--tp is GPUs per server, at least 1")],
+)  # fmt: skip
+def test_a_value_out_of_range_is_refused_naming_its_flag(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str
+) -> None:
+    # These were taken: --min-requests 0 or --tp 0 started servers and measured nothing.
+    assert main(["tune", "--emulate", "--steps", "1", flag, value, "--dry-run"]) == 2
+    assert said in capsys.readouterr().err
+
+
 @pytest.mark.timeout(300)
 def test_ctrl_c_stops_the_server_keeps_finished_depths_and_a_rerun_resumes(
     tmp_path: Path,

@@ -104,6 +104,8 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise PlanError(f"--algorithm {self.algorithm} needs --draft-model PATH")
         if self.base_port + len(self.steps) > 65536:
             raise PlanError(f"--base-port {self.base_port} leaves no room for every server")
+        if self.tp < 1:
+            raise PlanError(f"--tp is GPUs per server, at least 1, not {self.tp}")
         for flag, given in (
             ("--max-running-requests", self.max_running_by_depth),
             ("--sglang-arg", self.sglang_args_by_depth),

@@ -64,6 +64,10 @@ class TuneOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             raise ValueError("--time-scale is for emulated servers (--emulate), and must be > 0")
         if self.servers < 1 or self.servers > 16:
             raise ValueError("--servers must be between 1 and 16")
+        if self.min_requests < 1 or self.requests_per_concurrency <= 0 or self.warmup < 0:
+            raise ValueError(
+                "--min-requests must be >= 1, --requests-per-concurrency > 0, --warmup >= 0"
+            )
 
 
 class ServerPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -104,7 +108,9 @@ def traffic_kinds(
     temperatures: list[float], *, max_tokens: int, top_p: float, ignore_eos: bool
 ) -> tuple[Sampling, ...]:
     """One traffic kind per temperature: `greedy`, and `sampled` (or `t0.7`, `t1` when
-    several temperatures sample)."""
+    several temperatures sample). ValueError names the flag out of range."""
+    if min(temperatures, default=0.0) < 0 or max_tokens < 1 or not 0 < top_p <= 1:
+        raise ValueError("--temperature must be >= 0, --max-tokens >= 1, --top-p in (0, 1]")
     sampled = [t for t in temperatures if not is_greedy(t)]
     kinds = []
     for t in dict.fromkeys(temperatures):
