@@ -72,6 +72,25 @@ def test_sweep_with_a_bad_extra_body_exits_two() -> None:
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(("--duration", "-1"), "duration must be > 0 seconds"),
+     (("--warmup", "-1"), "warmup must be >= 0"),
+     (("--min-requests", "0", "--requests-per-concurrency", "0"), "would send no request"),
+     (("--max-concurrency", "0"), "max_concurrency must be >= 1"),
+     (("--timeout", "0"), "timeout must be > 0 seconds"),
+     (("--top-p", "0"), "top_p must be in (0, 1], not 0"),
+     (("--temperature", "-1"), "temperature must be >= 0, not -1")],
+)  # fmt: skip
+def test_a_sweep_setting_out_of_range_is_refused_before_a_request_is_sent(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...], said: str
+) -> None:
+    # Taken before: --top-p 0 or --timeout 0 ran every level to errors, --duration -1 ended
+    # with "no request succeeded". Port 9 (discard) is never reached.
+    assert main(["bench", "sweep", "http://127.0.0.1:9", *flags]) == 2
+    assert said in capsys.readouterr().err
+
+
 def test_poisson_arrivals_are_reproducible_and_average_the_rate() -> None:
     times = poisson_arrivals(50.0, start=0.0, count=2000, duration=None, seed=1)
     assert times == poisson_arrivals(50.0, start=0.0, count=2000, duration=None, seed=1)

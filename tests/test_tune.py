@@ -127,12 +127,12 @@ def test_a_run_without_gpus_or_model_says_what_is_missing(
     [("--min-requests", "0", "--min-requests must be >= 1"),
      ("--requests-per-concurrency", "0", "--requests-per-concurrency > 0"),
      ("--warmup", "-1", "--warmup >= 0"),
-     ("--temperature", "-1", "--temperature must be >= 0"),
-     ("--max-tokens", "0", "--max-tokens >= 1"),
-     ("--top-p", "0", "--top-p in (0, 1]"),
+     ("--temperature", "-1", "temperature must be >= 0, not -1"),
+     ("--max-tokens", "0", "max_tokens must be >= 1, not 0"),
+     ("--top-p", "0", "top_p must be in (0, 1], not 0"),
      ("--tp", "0", "--tp is GPUs per server, at least 1")],
 )  # fmt: skip
-def test_a_value_out_of_range_is_refused_naming_its_flag(
+def test_a_value_out_of_range_is_refused_naming_it(
     capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str
 ) -> None:
     # These were taken: --min-requests 0 or --tp 0 started servers and measured nothing.

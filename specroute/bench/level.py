@@ -59,6 +59,17 @@ class SweepSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError("concurrency levels must be >= 1 and rates > 0")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
+        if self.requests is not None and self.requests < 1:
+            raise ValueError("requests must be >= 1")
+        if self.min_requests < 0 or self.requests_per_concurrency < 0 or self.warmup < 0:
+            raise ValueError("min_requests, requests_per_concurrency and warmup must be >= 0")
+        sends = max(self.min_requests, self.requests_per_concurrency)
+        if self.requests is None and self.duration is None and sends <= 0:
+            raise ValueError("a level would send no request: min_requests must be >= 1")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError("duration must be > 0 seconds")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
 
     def level_requests(self, concurrency: int) -> int | None:
         if self.requests is not None:

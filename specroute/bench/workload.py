@@ -43,8 +43,19 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     ignore_eos: bool = True
 
     def __post_init__(self) -> None:
-        if self.weight < 0 or self.max_tokens < 1 or self.temperature < 0:
-            raise ValueError("weight and temperature must be >= 0, max_tokens >= 1")
+        # What SGLang refuses (`SamplingParams.verify`, srt/sampling/sampling_params.py).
+        wrong = [
+            f"{name} must be {rule}, not {value:g}"
+            for name, value, rule, ok in (
+                ("temperature", self.temperature, ">= 0", self.temperature >= 0),
+                ("top_p", self.top_p, "in (0, 1]", 0 < self.top_p <= 1),
+                ("max_tokens", self.max_tokens, ">= 1", self.max_tokens >= 1),
+                ("weight", self.weight, ">= 0", self.weight >= 0),
+            )
+            if not ok
+        ]
+        if wrong:
+            raise ValueError(f"traffic {self.name!r}: {'; '.join(wrong)}")
 
     @property
     def greedy(self) -> bool:
@@ -80,6 +91,10 @@ class ApiSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     spec_details: bool = True
     """Ask SGLang for per-request `sglext.spec_tokens_details`."""
     timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {self.timeout:g}")
 
 
 class PreparedRequest(msgspec.Struct, frozen=True):

@@ -108,10 +108,7 @@ def traffic_kinds(
     temperatures: list[float], *, max_tokens: int, top_p: float, ignore_eos: bool
 ) -> tuple[Sampling, ...]:
     """One traffic kind per temperature: `greedy`, and `sampled` (or `t0.7`, `t1` when
-    several temperatures sample). ValueError names the flag out of range."""
-    # As SGLang refuses them (`SamplingParams.verify`, srt/sampling/sampling_params.py).
-    if min(temperatures, default=0.0) < 0 or max_tokens < 1 or not 0 < top_p <= 1:
-        raise ValueError("--temperature must be >= 0, --max-tokens >= 1, --top-p in (0, 1]")
+    several temperatures sample). ValueError (`Sampling`'s) names a value out of range."""
     sampled = [t for t in temperatures if not is_greedy(t)]
     kinds = []
     for t in dict.fromkeys(temperatures):
