@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -104,6 +105,14 @@ def bound_socket(host: str = "127.0.0.1") -> socket.socket:
     sock.bind((host, 0))
     sock.set_inheritable(True)
     return sock
+
+
+def is_socket(fd: int) -> bool:
+    """Is descriptor `fd` open here, and a socket (what `--fd N` must name)?"""
+    try:
+        return stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except (OSError, ValueError, OverflowError):
+        return False
 
 
 def inherited_socket(fd: int) -> socket.socket:

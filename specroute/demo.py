@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import httpx
 import msgspec
 
-from specroute.children import ChildFailed, spawn, stop_async, wait_exit, wait_ready
+from specroute.children import ChildFailed, is_socket, spawn, stop_async, wait_exit, wait_ready
 from specroute.cmdline import Subcommands
 from specroute.emulator.fleet import EmulatedServer, emulated_fleet
 from specroute.emulator.profiles import DEFAULT_PROFILE, PROFILES
@@ -200,6 +200,10 @@ async def serve_until_stopped(children: Mapping[str, subprocess.Popen[bytes]]) -
 async def demo(args: argparse.Namespace) -> int:
     if args.fd is None and not _port_free(args.host, args.port):
         print(f"specroute demo: port {args.port} is in use; pass --port", file=sys.stderr)
+        return 2
+    if args.fd is not None and not is_socket(args.fd):
+        print(f"specroute demo: --fd {args.fd} is not a socket this process inherited",
+              file=sys.stderr)  # fmt: skip
         return 2
     print(
         "specroute demo: starting three EMULATED SGLang servers (no GPU; a model calibrated to "

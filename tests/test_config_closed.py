@@ -81,3 +81,20 @@ def test_serve_exits_2_with_the_cause_on_a_file_it_cannot_read(
     err = capsys.readouterr().err
     assert cause in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_an_fd_that_is_no_inherited_socket_exits_2_naming_it(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A file's descriptor, then a closed one: `serve --fd -1` ended in a traceback.
+    with (tmp_path / "not-a-socket").open("w") as handle:
+        fd = handle.fileno()
+        argv = [command, "--fd", str(fd)] + (
+            ["--backend", "http://127.0.0.1:9"] * (command == "serve")
+        )
+        assert main(argv) == 2
+    assert f"--fd {fd} is not a socket this process inherited" in capsys.readouterr().err
+    argv[2] = "-1"
+    assert main(argv) == 2
+    assert "--fd -1 is not a socket this process inherited" in capsys.readouterr().err

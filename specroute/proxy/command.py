@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from specroute.children import is_socket
 from specroute.cmdline import Subcommands
 from specroute.config import Config, load_config, parse_backend
 from specroute.errors import ConfigError
@@ -92,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         config = build_config(args)
     except (ConfigError, UnknownPolicyError) as exc:
         print(f"specroute serve: {exc}", file=sys.stderr)
+        return 2
+    if args.fd is not None and not is_socket(args.fd):
+        print(f"specroute serve: --fd {args.fd} is not a socket this process inherited",
+              file=sys.stderr)  # fmt: skip
         return 2
     from specroute.proxy.app import create_app  # keeps `--help` fast
     from specroute.proxy.server import serve
