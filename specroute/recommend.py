@@ -10,9 +10,10 @@ is predicted from the single-server curves: each user goes where it adds the mos
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -21,6 +22,7 @@ from specroute.profile_format import Profile
 __all__ = [
     "MIN_MIX_GAIN",
     "MIN_STEP_GAIN",
+    "MIX_SEARCH_LIMIT",
     "Advice",
     "MixAdvice",
     "Regime",
@@ -42,6 +44,11 @@ MIN_STEP_GAIN = 0.05
 """An extra step gaining less than this (overall) is not worth its memory."""
 MIN_MIX_GAIN = 0.01
 """A mix must beat the best fixed depth by this much to be recommended over it."""
+MIX_SEARCH_LIMIT = 6435
+"""The most pools `best_mix` values: every pool of up to eight servers of eight depths. Past
+that, pools of at most a few distinct depths (three for sixteen servers, two for sixty-four):
+every multiset of sixteen servers is 245,157 pools, and `launch --prior --servers 16` spent
+minutes choosing one before anything started."""
 
 Curve = dict[int, float]
 """Concurrency -> tok/s of one server."""
@@ -191,9 +198,17 @@ def _value(curve: Curve, users: float) -> float:
     return ys[-1]
 
 
-def _marginals(curve: Curve, upto: int) -> list[float]:
+_Gains = tuple[tuple[float, ...], int, tuple[float, ...]]
+"""A server's gain from each user up to a load, largest first, as (positive gains, how many
+are zero, negative gains): past its last measured level a curve is flat, so most are zero."""
+
+
+def _marginals(curve: Curve, upto: int) -> _Gains:
     values = [_value(curve, u) for u in range(upto + 1)]
-    return sorted((b - a for a, b in itertools.pairwise(values)), reverse=True)
+    gains = sorted((b - a for a, b in itertools.pairwise(values)), reverse=True)
+    positive = tuple(g for g in gains if g > 0)
+    negative = tuple(g for g in gains if g < 0)
+    return positive, len(gains) - len(positive) - len(negative), negative
 
 
 def pool_loads(levels: Iterable[int], servers: int) -> list[int]:
@@ -202,11 +217,45 @@ def pool_loads(levels: Iterable[int], servers: int) -> list[int]:
     return sorted({servers * c for c in levels})
 
 
-def _pool(marginals: Sequence[Sequence[float]], loads: Sequence[int]) -> dict[int, float]:
-    """Pool throughput at each load: each user takes the largest gain left."""
-    merged = sorted(itertools.chain.from_iterable(marginals), reverse=True)
-    sums = list(itertools.accumulate(merged, initial=0.0))
-    return {load: sums[min(load, len(merged))] for load in loads}
+def _pool(servers: Sequence[_Gains], loads: Sequence[int]) -> dict[int, float]:
+    """Pool throughput at each load: each user takes the largest gain left (the positive
+    ones, then the zeros, then the least negative). A server's gains appear once per server:
+    counted, not copied (a pool of 64 servers was 64 lists as long as its largest load)."""
+    count = collections.Counter(servers)
+    positive = sorted((g for (gains, _, _), n in count.items() for g in gains * n), reverse=True)
+    zeros = sum(z * n for (_, z, _), n in count.items())
+    negative = sorted((g for (_, _, gains), n in count.items() for g in gains * n), reverse=True)
+    up = list(itertools.accumulate(positive, initial=0.0))
+    down = list(itertools.accumulate(negative, initial=0.0))
+    values = {}
+    for load in loads:
+        if load <= len(positive):
+            values[load] = up[load]
+        else:
+            values[load] = up[-1] + down[min(len(negative), max(0, load - len(positive) - zeros))]
+    return values
+
+
+def _mixes(labels: Sequence[str], servers: int) -> Iterator[tuple[str, ...]]:
+    """The pools `best_mix` values: every multiset of `labels` while they are at most
+    `MIX_SEARCH_LIMIT`, else those of at most `d` distinct labels, for the largest `d` that
+    keeps them within it (at least two), each in the order of `labels`."""
+
+    def of_at_most(d: int) -> int:
+        n = len(labels)
+        return sum(math.comb(n, j) * math.comb(servers - 1, j - 1) for j in range(1, d + 1))
+
+    if math.comb(len(labels) + servers - 1, servers) <= MIX_SEARCH_LIMIT:
+        yield from itertools.combinations_with_replacement(labels, servers)
+        return
+    most = max([2, *(d for d in range(1, len(labels) + 1) if of_at_most(d) <= MIX_SEARCH_LIMIT)])
+    for d in range(1, min(most, len(labels)) + 1):
+        for chosen in itertools.combinations(labels, d):
+            for cuts in itertools.combinations(range(1, servers), d - 1):
+                sizes = [b - a for a, b in itertools.pairwise((0, *cuts, servers))]
+                yield tuple(
+                    lab for lab, size in zip(chosen, sizes, strict=True) for _ in range(size)
+                )
 
 
 def pool_values(
@@ -233,13 +282,8 @@ def best_mix(
         return None
     loads = sorted(set(loads)) or pool_loads(_levels(table), servers)
     lists = {lab: _marginals(table[lab], max(loads)) for lab in labels}
-    mixes = [
-        m
-        for m in itertools.combinations_with_replacement(
-            [c for c in candidates if c in lists], servers
-        )
-        if len(set(m)) > 1
-    ] + [(lab,) * servers for lab in labels]
+    mixes = [m for m in _mixes([c for c in candidates if c in lists], servers) if len(set(m)) > 1]
+    mixes += [(lab,) * servers for lab in labels]
     scored = {mix: _pool([lists[lab] for lab in mix], loads) for mix in mixes}
     score = {mix: geomean(values.values()) for mix, values in scored.items()}
     fixed = [(lab,) * servers for lab in labels if lab in candidates] or [(labels[0],) * servers]

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+import specroute.recommend as recommend
 from specroute.profile_format import Point, Profile, Target
 from specroute.recommend import (
+    MIX_SEARCH_LIMIT,
     advise,
     best_fixed,
     best_mix,
     diminishing,
     pool_loads,
+    pool_values,
     regimes,
     step_gains,
 )
@@ -87,6 +90,35 @@ def test_a_mix_of_depths_beats_the_best_fixed_depth_when_the_best_depth_swings_w
     assert set(mix.by_load) == set(pool_loads([1, 4, 16, 64], 2)) == {2, 8, 32, 128}
     assert mix.by_load[8] < 0 < mix.by_load[128]  # it gives up some light load for heavy
     assert mix.gain == pytest.approx(0.0577, abs=0.001)
+
+
+def test_a_pool_takes_every_gain_then_every_flat_user_then_the_least_loss() -> None:
+    # One server: +10, +5, then -1.5 twice (it slows past 2 users), then flat past 4 users:
+    # a user takes a flat place before a losing one. Two: each gain once per server.
+    table = {"a": {1: 10.0, 2: 15.0, 4: 12.0}}
+    one = pool_values(table, ["a"], [1, 2, 3, 4, 6])
+    assert one == {1: 10.0, 2: 15.0, 3: 15.0, 4: 15.0, 6: 12.0}
+    assert pool_values(table, ["a", "a"], [1, 2, 3, 4, 8]) == {1: 10, 2: 20, 3: 25, 4: 30, 8: 30}
+
+
+def test_a_large_pool_is_chosen_among_mixes_of_few_depths(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sixteen servers of eight depths are 245,157 pools; valued every one, `launch --prior
+    # --servers 16` spent minutes before anything started. The search keeps to mixes of at
+    # most three depths there, and still finds the crossing's mix.
+    table = {f"steps{k}": {1: 90.0, 4: 300.0, 16: 900.0, 64: 1000.0} for k in range(1, 7)}
+    table["steps0"] = {1: 100.0, 4: 390.0, 16: 1400.0, 64: 2400.0}  # the swing's, above
+    table["steps7"] = {1: 200.0, 4: 700.0, 16: 1100.0, 64: 1150.0}
+    valued = []
+    pool = recommend._pool
+    monkeypatch.setattr(recommend, "_pool", lambda *a: valued.append(1) or pool(*a))
+    mix = best_mix(table, 16, list(table), [])
+    assert mix is not None
+    assert len(valued) <= MIX_SEARCH_LIMIT + len(table)
+    assert set(mix.servers) == {"steps0", "steps7"}
+    assert mix.gain > 0.05
+    valued.clear()
+    assert best_mix(table, 8, list(table), []) is not None
+    assert len(valued) == 6435  # every pool of eight servers, as before
 
 
 def test_no_mix_is_recommended_where_it_would_gain_little_or_nothing() -> None:
