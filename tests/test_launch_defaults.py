@@ -217,3 +217,10 @@ def test_loop_flags_with_the_loop_off_get_a_note(capsys: pytest.CaptureFixture[s
     )
     assert status == 0, err
     assert "has no effect" not in err
+
+
+def test_a_launch_on_port_zero_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    # An ephemeral port is one the launcher's depth loop and its printout could not name.
+    status, _, err = _dry_run(capsys, "--steps", "1,2", "--port", "0")
+    assert status == 2
+    assert "--port must be a port from 1 to 65535, not 0" in err

@@ -130,7 +130,8 @@ def test_a_run_without_gpus_or_model_says_what_is_missing(
      ("--temperature", "-1", "temperature must be >= 0, not -1"),
      ("--max-tokens", "0", "max_tokens must be >= 1, not 0"),
      ("--top-p", "0", "top_p must be in (0, 1], not 0"),
-     ("--tp", "0", "--tp is GPUs per server, at least 1")],
+     ("--tp", "0", "--tp is GPUs per server, at least 1"),
+     ("--base-port", "0", "--base-port must be a port from 1 to 65535, not 0")],
 )  # fmt: skip
 def test_a_value_out_of_range_is_refused_naming_it(
     capsys: pytest.CaptureFixture[str], flag: str, value: str, said: str

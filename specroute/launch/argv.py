@@ -104,6 +104,9 @@ class LaunchOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise PlanError(f"--algorithm {self.algorithm} needs --draft-model PATH")
         if self.base_port + len(self.steps) > 65536:
             raise PlanError(f"--base-port {self.base_port} leaves no room for every server")
+        for flag, port in (("--port", self.port), ("--base-port", self.base_port)):
+            if not 1 <= port <= 65535:  # 0, an ephemeral port, is one nothing here could name
+                raise PlanError(f"{flag} must be a port from 1 to 65535, not {port}")
         if self.tp < 1:
             raise PlanError(f"--tp is GPUs per server, at least 1, not {self.tp}")
         for flag, given in (
