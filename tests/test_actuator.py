@@ -466,6 +466,17 @@ def test_a_planner_option_of_the_wrong_kind_says_what_it_takes(option: str, said
     assert str(refused.value).startswith(said)
 
 
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [(("--max-unavailable", "0"), "--max-unavailable: max_unavailable must be >= 1"),
+     (("--planner-option", "margin=-1"), "--planner-option: margin and min_gain must be >= 0")],
+)  # fmt: skip
+def test_a_planner_check_names_the_flag_at_fault(extra: tuple[str, str], said: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        reconfigure_options(_launch_args(*extra))
+    assert str(refused.value).startswith(said)
+
+
 def test_the_loop_gets_an_admin_key_the_proxy_is_given_hidden() -> None:
     plan = build_plan(LaunchOptions(model="m", steps=(1,), emulate=True))
     keyed, key = with_admin_key(plan, None)

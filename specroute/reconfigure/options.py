@@ -122,9 +122,15 @@ def _value_error(message: str, planner: Mapping[str, Any]) -> str:
         kinds = {f.name: f.type for f in info.fields}
         wanted = describe_type(kinds[key])
         return f"--planner-option {key}={planner[key]}: expected {wanted} ({message})"
-    if key == "max_unavailable":
-        return f"--max-unavailable: {message}"
-    return f"--planner-option / --max-unavailable: {message}"
+    return f"--max-unavailable: {message}" if key == "max_unavailable" else message
+
+
+def _flag_error(message: str, options: ReconfigureOptions) -> str:
+    """A check of `PlannerOptions` (which names the setting) said of the flag at fault."""
+    if " - at `$." in message:
+        return _value_error(message, options.planner)
+    flag = "--max-unavailable" if options.max_unavailable < 1 else "--planner-option"
+    return f"{flag}: {message}"
 
 
 def allowed_steps(text: str) -> tuple[int, ...]:
@@ -157,8 +163,6 @@ def reconfigure_options(
     )
     try:
         options.planner_options()
-    except msgspec.ValidationError as exc:
-        raise UsageError(_value_error(str(exc), options.planner)) from exc
-    except ValueError as exc:
-        raise UsageError(f"--planner-option / --max-unavailable: {exc}") from exc
+    except (msgspec.ValidationError, ValueError) as exc:
+        raise UsageError(_flag_error(str(exc), options)) from exc
     return options
