@@ -110,27 +110,20 @@ def planner_fields(items: list[str], flagged: Mapping[str, str] = _FLAGGED) -> d
     return fields
 
 
-def _value_error(message: str, planner: Mapping[str, Any]) -> str:
-    """msgspec's `Expected `float`, got `str` - at `$.settle_s``, said of the flag that gave
-    the value and with what the setting takes (`--planner-option settle_s=abc: expected a
-    number`)."""
+def _flag_error(message: str, options: ReconfigureOptions) -> str:
+    """`PlannerOptions`' refusal said of the flag that gave the value: a value of the wrong
+    kind with what its setting takes (msgspec's `Expected `float`, got `str` - at
+    `$.settle_s`` as `--planner-option settle_s=abc: expected number`), a check of its own
+    (which names the setting) with the flag at fault."""
     at = re.search(r" - at `\$\.(\w+)`$", message)
     key = at.group(1) if at else ""
-    if key in planner:
+    if key in options.planner:
         info = msgspec.inspect.type_info(PlannerOptions)
         assert isinstance(info, msgspec.inspect.StructType)
-        kinds = {f.name: f.type for f in info.fields}
-        wanted = describe_type(kinds[key])
-        return f"--planner-option {key}={planner[key]}: expected {wanted} ({message})"
-    return f"--max-unavailable: {message}" if key == "max_unavailable" else message
-
-
-def _flag_error(message: str, options: ReconfigureOptions) -> str:
-    """A check of `PlannerOptions` (which names the setting) said of the flag at fault."""
-    if " - at `$." in message:
-        return _value_error(message, options.planner)
-    flag = "--max-unavailable" if options.max_unavailable < 1 else "--planner-option"
-    return f"{flag}: {message}"
+        wanted = describe_type({f.name: f.type for f in info.fields}[key])
+        return f"--planner-option {key}={options.planner[key]}: expected {wanted} ({message})"
+    unavailable = key == "max_unavailable" or options.max_unavailable < 1
+    return f"{'--max-unavailable' if unavailable else '--planner-option'}: {message}"
 
 
 def allowed_steps(text: str) -> tuple[int, ...]:
