@@ -17,6 +17,11 @@ phase boundaries; each switch is charged a restart: every server that changes is
 start-up, losing its share of the new configuration's phase rate. Where phases are long it is
 the per-phase best. Adaptive pools are shown beside, outside the bound (launch does not allow
 them by default).
+
+The envelope is drawn a second time from the launched pool (its first switch charged too):
+the most any loop `launch` starts could give over these pools. Where it is more than 0.5%
+under the best fixed pool, never behind is out of reach on that row for any loop that starts
+there, the peak rule aside; this needs only the launched and fixed pools (no `auto` run).
 Cells: aggregate tok/s / mean / p10 per-request tok/s (1 / TPOT).
 
 Where every phase lasts 11 minutes or more, the pools that never restart are measured phase by
@@ -41,7 +46,7 @@ from pathlib import Path
 import msgspec
 from depth_pools import ROOT, PoolSpec, pools
 from depth_sim import BIN_S, SimResult, launch_options, simulate
-from depth_verdict import HEADER, Verdict, forecast_errors, verdict
+from depth_verdict import HEADER, NEVER_BEHIND, Verdict, forecast_errors, verdict
 
 from specroute.bench.stats import mean, percentile
 from specroute.bench.trace import Scenario, load_scenario
@@ -204,12 +209,16 @@ class Option:
 
 
 def best_sequence(
-    phases: list[tuple[str, float, float]], options: list[list[Option]], startup_s: float
+    phases: list[tuple[str, float, float]],
+    options: list[list[Option]],
+    startup_s: float,
+    start: Option | None = None,
 ) -> tuple[list[float], list[Option]]:
     """(tokens per phase, picks): the best sequence of `options`, one per phase, each switch
     charged a restart: every server that changes (settings matched as multisets) is out for
     one start-up, losing its share of the new pool's phase rate. Dynamic programming over the
-    phases, so a switch happens only where it pays."""
+    phases, so a switch happens only where it pays. From `start` (the pool running when the
+    trace begins: its first pick is charged as a switch from it), else from any pool free."""
 
     def gained(prev: Option | None, pick: Option, i: int) -> float:
         _, start, end = phases[i]
@@ -221,7 +230,7 @@ def best_sequence(
         share = changed / len(pick.settings)
         return tokens - min(share * tokens, share * startup_s * pick.rate)
 
-    best = {o.name: ([gained(None, o, 0)], [o]) for o in options[0]}
+    best = {o.name: ([gained(start, o, 0)], [o]) for o in options[0]}
     for i in range(1, len(phases)):
         best = {
             o.name: max(
@@ -241,16 +250,22 @@ def bounded(specs: dict[str, PoolSpec], results: dict[str, SimResult]) -> list[s
 
 
 def envelope(
-    results: dict[str, SimResult], startup_s: float, specs: dict[str, PoolSpec]
+    results: dict[str, SimResult],
+    startup_s: float,
+    specs: dict[str, PoolSpec],
+    start: str | None = None,
 ) -> Envelope:
     """The best sequence of alternative pools, one per phase, each switch charged a restart
-    (`best_sequence`)."""
+    (`best_sequence`); from the pool `start` names (its first switch charged), else from any.
+    From the launched pool it bounds what any loop `launch` starts can do over these pools:
+    an oracle that knows every phase in advance and pays no settle, confirm or drain time."""
     alternatives = bounded(specs, results)
     phases = results[alternatives[0]].phases
     rates = [{p: results[p].window(s, e) for p in alternatives} for _, s, e in phases]
     options = [[Option(p, specs[p].settings, rates[i][p][0]) for p in alternatives]
                for i in range(len(phases))]  # fmt: skip
-    tokens, chosen = best_sequence(phases, options, startup_s)
+    first = None if start is None else Option(start, specs[start].settings, 0.0)
+    tokens, chosen = best_sequence(phases, options, startup_s, first)
     picks = [o.name for o in chosen]
     cells: list[Cell] = []
     speeds: list[float] = []
@@ -318,18 +333,64 @@ def report(
         for _, _, _, idx in columns
     )
     lines.append(f"| envelope | **{_cell(env.whole)}** | {cells} |")
+    start = launched_pool(results)
+    ahead = None if start is None else envelope(results, startup, specs, start)
+    if ahead is not None:
+        cells = " | ".join(
+            f"{_cell(_block(ahead, idx, phases))} "
+            f"{'/'.join(dict.fromkeys(ahead.picks[i] for i in idx))}"
+            for _, _, _, idx in columns
+        )
+        lines.append(f"| envelope from {start} | **{_cell(ahead.whole)}** | {cells} |")
     lines.append("")
     if len(columns) < len(phases):
         lines += _hours(results, env)
-    v = verdict(profile, trace, results, env.whole[0], bounded(specs, results))
+    v = verdict(profile, trace, results, env.whole[0], bounded(specs, results),
+                None if ahead is None else ahead.whole[0])  # fmt: skip
+    lines += _reach(profile, results, startup_s)
     lines += _verdicts(trace, results, env, v)
     return lines, v
 
 
-def _unbounded(profile: str, trace: str, results: dict[str, SimResult]) -> list[str]:
+def launched_pool(results: dict[str, SimResult]) -> str | None:
+    """The pool `launch` starts the loop from, where it ran never reconfigured: `launched`
+    (the prior's recommendation), else the 1/2/3 mix launch starts without a prior."""
+    return next((p for p in ("launched", "mix-1-2-3") if p in results), None)
+
+
+def _reach(profile: str, results: dict[str, SimResult], startup_s: float | None) -> list[str]:
+    """The bound on never behind from the launched pool: the best fixed pool over the whole
+    trace against the envelope from the launched pool (`envelope(start=...)`), where both
+    ran; it needs no auto run."""
+    specs = pools(profile)
+    start = launched_pool(results)
+    alternatives = bounded(specs, results)
+    fixed = [p for p in alternatives if p.startswith("k")]
+    if start is None or not fixed:
+        return []
+    startup = get_profile(profile).startup_s if startup_s is None else startup_s
+    total = results[fixed[0]].phases[-1][2]
+    best = max(fixed, key=lambda p: results[p].window(0, total)[0])
+    rate = results[best].window(0, total)[0]
+    ahead = envelope(results, startup, specs, start)
+    gap = ahead.whole[0] / rate - 1
+    reach = "within reach" if gap >= -NEVER_BEHIND else "OUT OF REACH"
+    picks = " > ".join(dict.fromkeys(ahead.picks))
+    return [
+        f"- from {start} ({results[start].window(0, total)[0]:.0f} tok/s), the envelope over "
+        f"these pools, restarts' start-ups charged: {ahead.whole[0]:.0f} tok/s ({picks}), "
+        f"{gap:+.1%} against the best fixed pool, {best} {rate:.0f}: never behind "
+        f"({NEVER_BEHIND:.1%}) is {reach} for any loop that starts there"
+    ]
+
+
+def _unbounded(
+    profile: str, trace: str, results: dict[str, SimResult], startup_s: float | None = None
+) -> list[str]:
     """Each pool's own figures where no envelope can be drawn (no fixed pool run, or no auto):
     its tok/s over the trace, and for a pool that restarts, its restarts and its changes'
-    median forecast error (as the summary's columns count them)."""
+    median forecast error (as the summary's columns count them); where the launched pool and
+    a fixed one ran, the bound on never behind from it (`_reach`)."""
     lines = [f"## {profile} / {trace}: no envelope without auto and a fixed pool", ""]
     for pool, r in results.items():
         line = f"- {pool}: {r.window(0, r.phases[-1][2])[0]:.0f} tok/s"
@@ -338,7 +399,7 @@ def _unbounded(profile: str, trace: str, results: dict[str, SimResult]) -> list[
             median = f"{percentile(list(errors), 50):.1%} ({len(errors)})" if errors else "-"
             line += f", {len(r.restarts)} restarts, forecast error {median}"
         lines.append(line)
-    return [*lines, ""]
+    return [*lines, *_reach(profile, results, startup_s), ""]
 
 
 def _block(env: Envelope, idx: list[int], phases: list[tuple[str, float, float]]) -> Cell:
@@ -456,7 +517,7 @@ def main() -> None:
     verdicts = []
     for (profile, trace), results in grouped.items():
         if "auto" not in results or not bounded(pools(profile), results):
-            print("\n".join(_unbounded(profile, trace, results)))
+            print("\n".join(_unbounded(profile, trace, results, args.startup)))
             continue
         lines, v = report(profile, trace, results, args.startup)
         print("\n".join(lines))

@@ -29,6 +29,18 @@ class Verdict:
     """The best of the fixed pools and the launched one (the envelope's choices)."""
     restarts: int
     forecast_errors: tuple[float, ...]
+    from_launched: float | None = None
+    """The envelope from the launched pool (`depth_bound.envelope(start="launched")`): the
+    most any loop `launch` starts could give over these pools (None: no launched pool run)."""
+
+    @property
+    def reachable(self) -> bool | None:
+        """Whether never behind is within the bound from the launched pool: an oracle that
+        starts there and pays only its restarts' start-ups is within `NEVER_BEHIND` of the
+        best fixed pool (None: no bound)."""
+        if self.from_launched is None:
+            return None
+        return self.from_launched / self.fixed >= 1 - NEVER_BEHIND
 
     @property
     def capture(self) -> float | None:
@@ -53,19 +65,24 @@ class Verdict:
         error = self.forecast_error
         errors = "-" if error is None else f"{error:.1%} ({len(self.forecast_errors)})"
         mark = "" if self.met() else " **behind**"
+        bound = "-"
+        if self.from_launched is not None:
+            bound = f"{self.from_launched:.0f}: {self.from_launched / self.fixed - 1:+.1%}"
+            bound += "" if self.reachable else " **out of reach**"
         return (
             f"| {self.profile} | {self.trace} | {self.auto:.0f}{mark} | {self.best_fixed} "
             f"{self.fixed:.0f}: {self.auto / self.fixed - 1:+.1%} | {self.launched:.0f}: "
             f"{self.auto / self.launched - 1:+.1%} | {self.envelope:.0f} "
             f"({self.envelope / self.best_alternative - 1:+.1%}) | {capture} | {self.restarts} "
-            f"| {errors} |"
+            f"| {errors} | {bound} |"
         )
 
 
 HEADER = [
     "| profile | trace | auto | best fixed (k0-k7) | launched, never reconfigured | "
-    "envelope (over the best alternative) | headroom captured | restarts | forecast error |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "envelope (over the best alternative) | headroom captured | restarts | forecast error | "
+    "bound from the launched pool (against the best fixed) |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -75,9 +92,15 @@ def forecast_errors(result: SimResult) -> tuple[float, ...]:
 
 
 def verdict(
-    profile: str, trace: str, results: dict[str, SimResult], envelope: float, bounded: list[str]
+    profile: str,
+    trace: str,
+    results: dict[str, SimResult],
+    envelope: float,
+    bounded: list[str],
+    from_launched: float | None = None,
 ) -> Verdict:
-    """The targets for one trace; `bounded`: the pools the envelope chooses among."""
+    """The targets for one trace; `bounded`: the pools the envelope chooses among;
+    `from_launched`: the envelope from the launched pool, where it ran."""
     total = results["auto"].phases[-1][2]
     rate = {p: r.window(0, total)[0] for p, r in results.items()}
     fixed = max((p for p in rate if p.startswith("k")), key=lambda p: rate[p])
@@ -94,4 +117,5 @@ def verdict(
         best_alternative=max(rate[p] for p in bounded),
         restarts=len(auto.restarts),
         forecast_errors=errors,
+        from_launched=from_launched,
     )

@@ -19,8 +19,10 @@ a restart as the envelope charges it. A phase's floor is the launched pool's esc
 the highest phase concurrency up to it. Where auto's run is kept (`depth_bound.py --pool
 auto`), its figure and its share of each bound's headroom are printed beside.
 
-Both envelopes are oracles: they know every phase in advance and pay no settle, confirm or
-drain time. The rule's is also a lower bound on what the rule allows, since only `--top`
+The rule's envelope is drawn twice: from any pool (the first phase's pick free), and from the
+launched pool (its first switch charged: what a loop `launch` starts could reach under the
+rule). Both envelopes are oracles: they know every phase in advance and pay no settle, confirm
+or drain time. The rule's is also a lower bound on what the rule allows, since only `--top`
 mixes are tried per phase. On traces of phases under eleven minutes, where `depth_bound`
 runs the fixed pools whole, a mix is still measured phase by phase from a fresh pool: it
 carries no requests over from the phase before.
@@ -232,9 +234,9 @@ def main() -> None:
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
     print(
         "| profile | trace | best alternative | envelope | under the peak rule | its picks "
-        "| auto | auto's share of each headroom |"
+        "| from the launched pool, under the rule | auto | auto's share of each headroom |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for profile, trace in rows:
         by_pool = results[(profile, trace)]
         specs = pools(profile)
@@ -256,6 +258,8 @@ def main() -> None:
             options.append(here)
         tokens, chosen = best_sequence(phases, options, startup)
         bound, picks = sum(tokens) / end, [o.name for o in chosen]
+        launched = Option("launched", specs["launched"].settings, 0.0)
+        held = sum(best_sequence(phases, options, startup, launched)[0]) / end
         auto = _auto(profile, trace, args.seed)
         mine = "-" if auto is None else f"{auto.window(0, end)[0]:.0f}"
         shares = "-" if auto is None else (
@@ -265,7 +269,8 @@ def main() -> None:
         shown = " > ".join(runs) if len(runs) <= 6 else f"{len(runs)} pools in turn"
         print(f"| {profile} | {trace} | {alt} {whole[alt]:.0f} | {env:.0f} "
               f"({env / whole[alt] - 1:+.1%}) | {bound:.0f} ({bound / whole[alt] - 1:+.1%}) "
-              f"| {shown} | {mine} | {shares} |")  # fmt: skip
+              f"| {shown} | {held:.0f} ({held / whole[alt] - 1:+.1%}) | {mine} "
+              f"| {shares} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -85,3 +85,51 @@ def test_an_envelope_switches_only_where_a_restart_pays(depth_bound: ModuleType)
     assert [p.name for p in picks] == ["k0/k7/k7", "k2", "k0/k7/k7"]
     # every server changes, each way: three start-ups at the new pool's rate
     assert tokens == pytest.approx([120.0 * 5000, 400.0 * (10000 - 100), 120.0 * (5000 - 100)])
+
+
+def test_an_envelope_from_the_launched_pool_pays_for_leaving_it(depth_bound: ModuleType) -> None:
+    # One quiet hour: three k7 servers run it 10% faster than the three k3 launched. From any
+    # pool the envelope picks k7 outright; from k3/k3/k3 the switch costs three start-ups
+    # (100 s of k7's rate), so it still pays over an hour, not over 1000 s.
+    launched = depth_bound.Option("launched", pool(3, 3, 3), 0.0)
+    k3 = depth_bound.Option("k3", pool(3, 3, 3), 100.0)
+    k7 = depth_bound.Option("k7", pool(7, 7, 7), 110.0)
+    hour = [("quiet", 0.0, 3600.0)]
+    tokens, picks = depth_bound.best_sequence(hour, [[k3, k7]], 100.0)
+    assert [p.name for p in picks] == ["k7"]
+    assert tokens == pytest.approx([110.0 * 3600])
+    tokens, picks = depth_bound.best_sequence(hour, [[k3, k7]], 100.0, launched)
+    assert [p.name for p in picks] == ["k7"]
+    assert tokens == pytest.approx([110.0 * 3500])
+    short = [("quiet", 0.0, 1000.0)]
+    tokens, picks = depth_bound.best_sequence(short, [[k3, k7]], 100.0, launched)
+    assert [p.name for p in picks] == ["k3"]  # the same settings as launched: no restart
+    assert tokens == pytest.approx([100.0 * 1000])
+
+
+def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more(
+    depth_bound: ModuleType,
+) -> None:
+    # `depth_bound.py` without auto still says whether any loop launched at three k3 servers
+    # could come within 0.5% of the best fixed pool: over 1000 s the three start-ups to k7
+    # cost 9%; over 200,000 s, 0.05%.
+    sim_results = importlib.import_module("sim_results")
+
+    def run(name: str, rate: float, length: float) -> object:
+        bins = [rate * 5.0] * int(length / 5.0)
+        return sim_results.SimResult(pool=name, phases=[("quiet", 0.0, length)], bins=bins,
+                                     finished=[])  # fmt: skip
+
+    def reach(length: float) -> str:
+        results = {"launched": run("launched", 100.0, length), "k3": run("k3", 100.0, length),
+                   "k7": run("k7", 110.0, length)}  # fmt: skip
+        (line,) = depth_bound._reach("seed-qwen35-122b", results, 100.0)
+        return str(line)
+
+    short = reach(1000.0)
+    assert "100 tok/s (launched), -9.1% against the best fixed pool, k7 110" in short
+    assert "OUT OF REACH" in short
+    long = reach(200000.0)
+    assert "(k7), -0.1% against the best fixed pool" in long
+    assert "within reach" in long
+    assert not depth_bound._reach("seed-qwen35-122b", {"k7": run("k7", 110.0, 1000.0)}, 100.0)
