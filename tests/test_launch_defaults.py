@@ -138,6 +138,23 @@ def test_a_pool_better_by_less_than_5_percent_at_one_load_is_not_named(
     assert depths.steps_from.endswith("geometric mean over 3-192 users)")
 
 
+def test_the_traffic_named_chooses_the_pool_for_it() -> None:
+    # Greedy traffic triples k2's tok/s in this prior: the operator whose requests are greedy
+    # (coding agents at temperature 0) names it and gets k2 servers where sampled gets k1/k3.
+    sampled = launch_depths(steps=None, allowed=None, prior=_prior(), prior_name="p.json")
+    greedy = launch_depths(steps=None, allowed=None, prior=_prior(), prior_name="p.json",
+                           traffic="greedy")  # fmt: skip
+    assert sampled.steps == (1, 1, 3)
+    assert greedy.steps == (2, 2, 2)
+    assert greedy.steps_from.startswith("the pool p.json recommends for greedy traffic")
+    named = launch_depths(steps=None, allowed=None, prior=_prior(), traffic="sampled")
+    assert named.steps == sampled.steps
+    with pytest.raises(PlanError, match=r"--expected-traffic chat: p\.json measured greedy "
+                       r"and sampled traffic"):  # fmt: skip
+        launch_depths(steps=None, allowed=None, prior=_prior(), prior_name="p.json",
+                      traffic="chat")  # fmt: skip
+
+
 def _dry_run(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
     status = main(["launch", "--emulate", "--dry-run", *flags])
     captured = capsys.readouterr()
@@ -153,6 +170,13 @@ def test_dry_run_starts_the_priors_pool_and_says_where_each_came_from(
     assert status == 0, err
     assert f"# --allowed-steps 0,1,2,3: the depths {prior} measured\n" in out
     assert f"# --steps 1,3: the pool {prior} recommends for sampled traffic with 2 servers" in out
+    status, greedy, err = _dry_run(capsys, "--prior", str(prior), "--servers", "2",
+                                   "--expected-traffic", "greedy")  # fmt: skip
+    assert status == 0, err
+    assert f"# --steps 2,2: the pool {prior} recommends for greedy traffic with 2 servers" in greedy
+    status, _, err = _dry_run(capsys, "--prior", str(prior), "--expected-traffic", "chat")
+    assert status == 2
+    assert f"--expected-traffic chat: {prior} measured greedy and sampled traffic" in err
     started = [line.split(" --steps ")[1].split()[0]
                for line in out.splitlines() if "specroute emulate" in line]  # fmt: skip
     assert started == ["1", "3"]
@@ -166,8 +190,9 @@ def test_dry_run_names_given_and_default_sources(capsys: pytest.CaptureFixture[s
     status, _, err = _dry_run(capsys)
     assert status == 2
     assert "--steps K,K,... is required (or --prior FILE" in err
-    for flag in ("--servers", "--expected-users"):
-        status, _, err = _dry_run(capsys, "--steps", "1", flag, "2")
+    for flag, value in (("--servers", "2"), ("--expected-users", "2"),
+                        ("--expected-traffic", "greedy")):  # fmt: skip
+        status, _, err = _dry_run(capsys, "--steps", "1", flag, value)
         assert status == 2
         assert f"{flag} is for the pool --prior recommends; --steps names every server" in err
 

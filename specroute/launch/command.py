@@ -69,6 +69,10 @@ def register(subparsers: Subcommands) -> None:
         help="with --prior and no --steps, the requests the pool should expect at once: its "
         "pool is the one best at that load (default: the best over every load the tune "
         "measured)")
+    add("--expected-traffic", default=None, metavar="KIND",
+        help="with --prior and no --steps, the traffic the pool should expect: a kind the tune "
+        "measured (greedy: temperature 0, as coding agents send; sampled); its pool is the "
+        "one best for it (default: sampled, as SGLang samples unless asked not to)")
     add_server_arguments(parser, base_port_help="first server's port; the next get +1, +2")
     add("--host", default=None,
         help="address the proxy listens on (default: the config's host, else 127.0.0.1)")
@@ -150,7 +154,11 @@ def launch_depths_of(args: argparse.Namespace, detected: tuple[int, ...] = ()) -
     """The servers' depths and the planner's, from the flags and the prior (see defaults)."""
     from specroute.profile_format import ProfileFormatError, decode_profile
 
-    for flag, value in (("--servers", args.servers), ("--expected-users", args.expected_users)):
+    for flag, value in (
+        ("--servers", args.servers),
+        ("--expected-users", args.expected_users),
+        ("--expected-traffic", args.expected_traffic),
+    ):
         if value is not None and args.steps is not None:
             raise PlanError(
                 f"{flag} is for the pool --prior recommends; --steps names every server"
@@ -171,6 +179,7 @@ def launch_depths_of(args: argparse.Namespace, detected: tuple[int, ...] = ()) -
         servers=_pool_size(args, detected),
         users=args.expected_users,
         tables=args.engine == "vllm" and getattr(args, "allow_adaptive", False),
+        traffic=args.expected_traffic,
     )
 
 

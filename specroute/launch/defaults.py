@@ -92,21 +92,42 @@ def measured_depths(profile: Profile) -> tuple[int, ...]:
     return tuple(sorted(set(_fixed(profile).values())))
 
 
-def _primary(profile: Profile, labels: list[str], servers: int) -> Advice | None:
-    """Tune's recommendation for the traffic kind a pool is chosen for (sampled)."""
-    kinds = [t.name for t in profile.traffic] or sorted(
-        {p.traffic for t in profile.targets if t.label in labels for p in t.points}
+def traffic_kinds(profile: Profile) -> list[str]:
+    """The traffic kinds the prior measured, in its order (tune's `greedy`, `sampled`)."""
+    return [t.name for t in profile.traffic] or sorted(
+        {p.traffic for t in profile.targets for p in t.points}
     )
+
+
+def _primary(
+    profile: Profile, labels: list[str], servers: int, traffic: str | None = None
+) -> Advice | None:
+    """Tune's recommendation for the traffic kind a pool is chosen for: `traffic` where the
+    operator names it (`--expected-traffic`), else tune's own choice (sampled: SGLang samples
+    unless asked not to)."""
+    kinds = [traffic] if traffic is not None else traffic_kinds(profile)
     return primary([a for kind in kinds if (a := advise(profile, kind, labels, (), servers))])
 
 
 def _recommended(
-    profile: Profile, allowed: tuple[int, ...], servers: int, name: str, users: int | None
+    profile: Profile,
+    allowed: tuple[int, ...],
+    servers: int,
+    name: str,
+    users: int | None,
+    traffic: str | None = None,
 ) -> tuple[tuple[int, ...], str]:
     """The prior's pool of `servers` among `allowed` (for `users` at once, else over every
-    load it measured), with why; PlanError when there is none."""
+    load it measured; for `traffic`, else tune's kind), with why; PlanError when there is
+    none."""
+    if traffic is not None and traffic not in (kinds := traffic_kinds(profile)):
+        raise PlanError(
+            f"--expected-traffic {traffic}: {name} measured "
+            + (" and ".join(kinds) if kinds else "no traffic")
+            + " traffic"
+        )
     steps_of = {label: k for label, k in _fixed(profile).items() if k in allowed}
-    chosen = _primary(profile, list(steps_of), servers)
+    chosen = _primary(profile, list(steps_of), servers, traffic)
     mix = chosen.mix if chosen is not None else None
     if chosen is not None and users is not None:
         table = curves(profile, chosen.traffic)
@@ -158,10 +179,12 @@ def _elsewhere(
     return f"; {', '.join(found)}: --expected-users N chooses for N at once"
 
 
-def _tables(profile: Profile, steps: tuple[int, ...], servers: int) -> dict[int, Table]:
+def _tables(
+    profile: Profile, steps: tuple[int, ...], servers: int, traffic: str | None = None
+) -> dict[int, Table]:
     """The K-per-batch table the planner writes from the prior for each depth in `steps`, for
     the traffic a pool is chosen for, where it drafts that depth alone and less when crowded."""
-    chosen = _primary(profile, list(_fixed(profile)), servers)
+    chosen = _primary(profile, list(_fixed(profile)), servers, traffic)
     fit = profile.acceptance.get("greedy" if chosen and chosen.traffic == "greedy" else "sampled")
     if fit is None:
         return {}
@@ -190,11 +213,13 @@ def launch_depths(
     servers: int = 3,
     users: int | None = None,
     tables: bool = False,
+    traffic: str | None = None,
 ) -> LaunchDepths:
     """The depths `launch` starts and lets the planner use: the operator's where named (None
     where not), else the prior's (its pool of `servers` for `users` at once, else over the
-    loads it measured, each server with its K-per-batch table where `tables`: vLLM with
-    `--allow-adaptive`), else the defaults. PlanError when no pool can be chosen."""
+    loads it measured; for the `traffic` kind named, else tune's; each server with its
+    K-per-batch table where `tables`: vLLM with `--allow-adaptive`), else the defaults.
+    PlanError when no pool can be chosen."""
     measured = measured_depths(prior) if prior is not None else ()
     if allowed is not None:
         allowed_from = "given"
@@ -208,7 +233,7 @@ def launch_depths(
                             allowed_from=allowed_from)  # fmt: skip
     if prior is None:
         raise PlanError("--steps K,K,... is required (or --prior FILE: the pool it recommends)")
-    chosen, why = _recommended(prior, allowed, servers, prior_name, users)
-    written = _tables(prior, chosen, servers) if tables else {}
+    chosen, why = _recommended(prior, allowed, servers, prior_name, users, traffic)
+    written = _tables(prior, chosen, servers, traffic) if tables else {}
     return LaunchDepths(steps=chosen, steps_from=why, allowed=allowed, allowed_from=allowed_from,
                         tables=written)  # fmt: skip
