@@ -19,9 +19,11 @@ the per-phase best. Adaptive pools are shown beside, outside the bound (launch d
 them by default).
 
 The envelope is drawn a second time from the launched pool (its first switch charged too):
-the most any loop `launch` starts could give over these pools. Where it is more than 0.5%
-under the best fixed pool, never behind is out of reach on that row for any loop that starts
-there, the peak rule aside; this needs only the launched and fixed pools (no `auto` run).
+the most a loop `launch` starts could give over these pools. Where it is more than 0.5% under
+the best fixed pool, never behind is out of reach on that row over the fixed pools; a mixed
+pool may still reach it (a move simulated from the launched pool, `depth_sim.py --pool
+launched --restart T:SERVER:kK`, says). It needs only the launched and fixed pools (no
+`auto` run).
 Cells: aggregate tok/s / mean / p10 per-request tok/s (1 / TPOT).
 
 Where every phase lasts 11 minutes or more, the pools that never restart are measured phase by
@@ -257,8 +259,9 @@ def envelope(
 ) -> Envelope:
     """The best sequence of alternative pools, one per phase, each switch charged a restart
     (`best_sequence`); from the pool `start` names (its first switch charged), else from any.
-    From the launched pool it bounds what any loop `launch` starts can do over these pools:
-    an oracle that knows every phase in advance and pays no settle, confirm or drain time."""
+    From the launched pool it bounds what a loop `launch` starts can do over these pools (not
+    over mixed ones): an oracle that knows every phase in advance and pays no settle, confirm
+    or drain time."""
     alternatives = bounded(specs, results)
     phases = results[alternatives[0]].phases
     rates = [{p: results[p].window(s, e) for p in alternatives} for _, s, e in phases]
@@ -359,9 +362,9 @@ def launched_pool(results: dict[str, SimResult]) -> str | None:
 
 
 def _reach(profile: str, results: dict[str, SimResult], startup_s: float | None) -> list[str]:
-    """The bound on never behind from the launched pool: the best fixed pool over the whole
-    trace against the envelope from the launched pool (`envelope(start=...)`), where both
-    ran; it needs no auto run."""
+    """The bound on never behind from the launched pool, over the fixed pools: the best fixed
+    pool over the whole trace against the envelope from the launched pool (`envelope(start=
+    ...)`), where both ran; it needs no auto run. Not a bound over mixed pools."""
     specs = pools(profile)
     start = launched_pool(results)
     alternatives = bounded(specs, results)
@@ -374,13 +377,14 @@ def _reach(profile: str, results: dict[str, SimResult], startup_s: float | None)
     rate = results[best].window(0, total)[0]
     ahead = envelope(results, startup, specs, start)
     gap = ahead.whole[0] / rate - 1
-    reach = "within reach" if gap >= -NEVER_BEHIND else "OUT OF REACH"
+    reach = "within reach" if gap >= -NEVER_BEHIND else "OUT OF REACH over the fixed pools"
     picks = " > ".join(dict.fromkeys(ahead.picks))
     return [
         f"- from {start} ({results[start].window(0, total)[0]:.0f} tok/s), the envelope over "
         f"these pools, restarts' start-ups charged: {ahead.whole[0]:.0f} tok/s ({picks}), "
         f"{gap:+.1%} against the best fixed pool, {best} {rate:.0f}: never behind "
-        f"({NEVER_BEHIND:.1%}) is {reach} for any loop that starts there"
+        f"({NEVER_BEHIND:.1%}) is {reach} for a loop that starts there (a mixed pool may do "
+        f"better: `depth_sim.py --pool {start} --restart T:SERVER:kK` runs a move)"
     ]
 
 

@@ -31,13 +31,14 @@ class Verdict:
     forecast_errors: tuple[float, ...]
     from_launched: float | None = None
     """The envelope from the launched pool (`depth_bound.envelope(start="launched")`): the
-    most any loop `launch` starts could give over these pools (None: no launched pool run)."""
+    most a loop `launch` starts could give over the fixed pools (None: no launched pool run);
+    a mixed pool may give more."""
 
     @property
     def reachable(self) -> bool | None:
-        """Whether never behind is within the bound from the launched pool: an oracle that
-        starts there and pays only its restarts' start-ups is within `NEVER_BEHIND` of the
-        best fixed pool (None: no bound)."""
+        """Whether never behind is within the bound from the launched pool: an oracle over
+        the fixed pools that starts there and pays only its restarts' start-ups is within
+        `NEVER_BEHIND` of the best fixed pool (None: no bound)."""
         if self.from_launched is None:
             return None
         return self.from_launched / self.fixed >= 1 - NEVER_BEHIND
@@ -68,7 +69,7 @@ class Verdict:
         bound = "-"
         if self.from_launched is not None:
             bound = f"{self.from_launched:.0f}: {self.from_launched / self.fixed - 1:+.1%}"
-            bound += "" if self.reachable else " **out of reach**"
+            bound += "" if self.reachable else " **out of reach over the fixed pools**"
         return (
             f"| {self.profile} | {self.trace} | {self.auto:.0f}{mark} | {self.best_fixed} "
             f"{self.fixed:.0f}: {self.auto / self.fixed - 1:+.1%} | {self.launched:.0f}: "

@@ -128,7 +128,7 @@ def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more
 
     short = reach(1000.0)
     assert "100 tok/s (launched), -9.1% against the best fixed pool, k7 110" in short
-    assert "OUT OF REACH" in short
+    assert "OUT OF REACH over the fixed pools" in short
     long = reach(200000.0)
     assert "(k7), -0.1% against the best fixed pool" in long
     assert "within reach" in long
