@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from specroute.cli import main
@@ -13,6 +14,8 @@ from specroute.launch.argv import PlanError
 from specroute.launch.defaults import launch_depths, measured_depths
 from specroute.profile_format import Point, Profile, Target, Traffic, encode_profile
 from specroute.recommend import advise
+from specroute.tune.render import render
+from specroute.tune.report import TuneReport
 
 # Aggregate tok/s per concurrency of one server, sampled traffic: k3 wins alone, k1 under
 # load, k2 is never best and k0 (no speculation) never either: the pool to run is a mix of
@@ -249,3 +252,28 @@ def test_a_launch_on_port_zero_is_refused(capsys: pytest.CaptureFixture[str]) ->
     status, _, err = _dry_run(capsys, "--steps", "1,2", "--port", "0")
     assert status == 2
     assert "--port must be a port from 1 to 65535, not 0" in err
+
+
+def test_the_tune_report_names_the_pool_launch_starts_for_the_other_traffic() -> None:
+    # The tune's report starts the sampled pool (1,1,3 here); for greedy requests it says
+    # which flag starts the greedy pool, and that is what `launch` starts with that flag.
+    prior = _prior()
+    labels = [f"steps{k}" for k in (0, 1, 2, 3)]
+    advice = [a for kind in ("greedy", "sampled") if (a := advise(prior, kind, labels, (), 3))]
+    report = TuneReport(model="m", emulated=True, profile=None, time_scale=1.0,
+                        traffic=prior.traffic, concurrency=[], servers=3, depths=[], failures={},
+                        advice=advice, recommended_for="sampled",
+                        command="specroute launch --steps 1,1,3", seed=None,
+                        prior="p.json")  # fmt: skip
+    text = render(report, prior)
+    line = (
+        "Mostly greedy requests? `specroute launch --prior p.json --expected-traffic greedy` "
+        "(no --steps) starts steps2 + steps2 + steps2, the pool for greedy traffic."
+    )
+    assert line in text
+    assert "Mostly sampled requests?" not in text
+    started = launch_depths(steps=None, allowed=None, prior=prior, traffic="greedy")
+    assert started.steps == (2, 2, 2)
+    # Where both kinds want the same pool there is nothing to add.
+    same = msgspec.structs.replace(report, advice=[advice[1]])
+    assert "Mostly" not in render(same, prior)

@@ -205,6 +205,7 @@ def _sections(report: TuneReport, profile: Profile, markdown: bool) -> Sequence[
             "\nAdd --reconfigure auto to let the servers' depths follow the load (the default,"
             " advise, only shows the planner's plan at the proxy's /plan and /dashboard)."
         )
+        body += "".join(_other_traffic(report))
         parts.append(_section(f"Start it ({report.recommended_for} traffic)", body, markdown))
     if report.seed is not None:
         parts.append(_seed(report.seed, markdown))
@@ -215,6 +216,23 @@ def _sections(report: TuneReport, profile: Profile, markdown: bool) -> Sequence[
         parts.append(_engine(report.engine, markdown))
     parts.append(f"* best server at this level. The prior for --prior: {report.prior}")
     return parts
+
+
+def _other_traffic(report: TuneReport) -> list[str]:
+    """A line for each traffic kind whose recommended pool is not the one the command starts:
+    where the operator's requests are mostly of that kind, `launch --expected-traffic` starts
+    its pool from the prior."""
+    started = next(
+        (a.mix.servers for a in report.advice if a.traffic == report.recommended_for and a.mix),
+        None,
+    )
+    return [
+        f"\nMostly {a.traffic} requests? `specroute launch --prior {report.prior} "
+        f"--expected-traffic {a.traffic}` (no --steps) starts {' + '.join(a.mix.servers)}, the "
+        f"pool for {a.traffic} traffic."
+        for a in report.advice
+        if a.mix is not None and a.traffic != report.recommended_for and a.mix.servers != started
+    ]
 
 
 def _engine(facts: EngineFacts, markdown: bool) -> str:
