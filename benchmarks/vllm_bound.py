@@ -11,6 +11,12 @@ and vLLM's own dynamic-K table, on the traces of "Depth follows load", in virtua
 measures them: each phase from a fresh pool, 15 minutes after a minute's warm-up, tiled over
 the phase. Runs are kept under
 `benchmarks/results/vllm-bound/` by a digest of what they depend on; `--fresh` ignores them.
+
+The last column is the most a loop could give from the pool it is launched at (the 1/2/3 mix
+for `auto`, the tuned pool for the others) over the fixed K pools: their best sequence, one a
+phase, each switch charged a restart, the first from the launched pool (`from_launch`, as
+`depth_bound.py` draws it). Where it is more than 0.5% under the best fixed K, never behind
+is out of reach over those pools for any loop launched there.
 """
 
 from __future__ import annotations
@@ -24,10 +30,10 @@ import time
 from pathlib import Path
 
 import msgspec
-from depth_bound import LOOP, PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S
-from depth_pools import ROOT, PoolSpec
+from depth_bound import LOOP, PROFILES, SAMPLE_S, SOURCES, TRACES, WARM_S, Option, best_sequence
+from depth_pools import ROOT, PoolSpec, pools
 from sim_results import BIN_S, SimResult
-from vllm_pools import TUNED, Run, VllmSim, simulate, vllm_pools
+from vllm_pools import TUNED, Run, VllmSim, simulate, tuned_pools, vllm_pools
 from vllm_table import MAX_K, Table, operator_table
 
 from specroute.bench.trace import Scenario, load_scenario
@@ -159,13 +165,47 @@ def row(profile: str, trace: str, runs: dict[str, Run], name: str = "auto") -> s
         cells.append(" ".join(f"{a}-{b}:{k}" for a, b, k in table) or "-")
     restarts = runs[name].result.restarts
     cells.append(str(len(restarts)))
+    start = "mix-1-2-3" if name == "auto" else never
+    bound = from_launch(profile, runs, start)
+    best = max(deeper, key=rate.__getitem__) if deeper else None
+    if bound is None or best is None:
+        cells.append("-")
+    else:
+        out = " (out of reach over the fixed K)" if bound < rate[best] * (1 - TARGET) else ""
+        cells.append(f"{bound:.0f}: {bound / rate[best] - 1:+.1%}{out}")
     return "| " + " | ".join(cells) + " |"
+
+
+def _settings(profile: str, pool: str) -> tuple[Setting, ...]:
+    """A pool's servers: K for each fixed `kK`, launch's 1/2/3 mix, or the tuned pool."""
+    if pool.startswith("k") and pool[1:].isdigit():
+        return (Setting(steps=int(pool[1:])),) * 3
+    if pool.startswith("mix-1-2-3"):
+        return pools()["mix-1-2-3"].settings
+    return tuned_pools(profile)[pool].settings
+
+
+def from_launch(profile: str, runs: dict[str, Run], start: str) -> float | None:
+    """The most a loop launched at `start` could give over the fixed K pools (tok/s): their
+    best sequence, one a phase, each switch charged a restart and the first from `start`
+    (`depth_bound.best_sequence`); None where `start` or no fixed K ran. Not a bound over
+    mixed pools or tables."""
+    fixed = [f"k{k}" for k in range(MAX_K + 1) if f"k{k}" in runs]
+    if start not in runs or not fixed:
+        return None
+    phases = runs[fixed[0]].result.phases
+    options = [[Option(p, _settings(profile, p), runs[p].result.window(s, e)[0]) for p in
+                [start, *fixed]] for _, s, e in phases]  # fmt: skip
+    first = Option(start, _settings(profile, start), 0.0)
+    tokens, _ = best_sequence(phases, options, get_profile(profile).startup_s, first)
+    return sum(tokens) / phases[-1][2]
 
 
 HEADER = (
     "| profile | trace | pool | tok/s | best fixed (k0-k3) | best fixed (k0-k7) "
     "| launched mix (1/2/3) | tuned pool, never reconfigured | dynamic-K table "
-    "| dynamic-K, K <= 3 | its table (batch: K) | K <= 3 table | restarts |\n" + "|---" * 13 + "|"
+    "| dynamic-K, K <= 3 | its table (batch: K) | K <= 3 table | restarts "
+    "| from its launch, over the fixed K (against the best fixed) |\n" + "|---" * 14 + "|"
 )
 
 

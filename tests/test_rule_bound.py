@@ -133,3 +133,25 @@ def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more
     assert "(k7), -0.1% against the best fixed pool" in long
     assert "within reach" in long
     assert not depth_bound._reach("seed-qwen35-122b", {"k7": run("k7", 110.0, 1000.0)}, 100.0)
+
+
+def test_a_vllm_pool_launched_at_the_mix_pays_for_the_servers_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `vllm_bound.py`'s last column: from the 1/2/3 mix, three k3 servers cost two start-ups
+    # (the k3 server stays), 88 s at two thirds of k3's rate, so over 1000 s the bound is
+    # 103.5 tok/s against three k3's 110; the mix itself is 100.
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    vllm_bound = importlib.import_module("vllm_bound")
+    sim_results = importlib.import_module("sim_results")
+    vllm_pools = importlib.import_module("vllm_pools")
+
+    def run(rate: float) -> object:
+        result = sim_results.SimResult(pool="p", phases=[("busy", 0.0, 1000.0)],
+                                       bins=[rate * 5.0] * 200, finished=[])  # fmt: skip
+        return vllm_pools.Run(result)
+
+    runs = {"mix-1-2-3": run(100.0), "k1": run(95.0), "k3": run(110.0)}
+    bound = vllm_bound.from_launch("seed-qwen35-122b", runs, "mix-1-2-3")
+    assert bound == pytest.approx(110.0 - 110.0 * 88.0 * 2 / 3 / 1000.0)
+    assert vllm_bound.from_launch("seed-qwen35-122b", runs, "launched-tuned") is None
