@@ -107,22 +107,24 @@ def test_an_envelope_from_the_launched_pool_pays_for_leaving_it(depth_bound: Mod
     assert tokens == pytest.approx([100.0 * 1000])
 
 
+def _steady(name: str, rate: float, length: float) -> object:
+    """A run at `rate` tok/s for `length` seconds, one phase (the benchmarks' path is set by
+    the `depth_bound` fixture)."""
+    sim_results = importlib.import_module("sim_results")
+    bins = [rate * 5.0] * int(length / 5.0)
+    return sim_results.SimResult(pool=name, phases=[("quiet", 0.0, length)], bins=bins,
+                                 finished=[])  # fmt: skip
+
+
 def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more(
     depth_bound: ModuleType,
 ) -> None:
     # `depth_bound.py` without auto still says whether any loop launched at three k3 servers
     # could come within 0.5% of the best fixed pool: over 1000 s the three start-ups to k7
     # cost 9%; over 200,000 s, 0.05%.
-    sim_results = importlib.import_module("sim_results")
-
-    def run(name: str, rate: float, length: float) -> object:
-        bins = [rate * 5.0] * int(length / 5.0)
-        return sim_results.SimResult(pool=name, phases=[("quiet", 0.0, length)], bins=bins,
-                                     finished=[])  # fmt: skip
-
     def reach(length: float) -> str:
-        results = {"launched": run("launched", 100.0, length), "k3": run("k3", 100.0, length),
-                   "k7": run("k7", 110.0, length)}  # fmt: skip
+        rates = (("launched", 100.0), ("k3", 100.0), ("k7", 110.0))
+        results = {name: _steady(name, rate, length) for name, rate in rates}
         (line,) = depth_bound._reach("seed-qwen35-122b", results, 100.0)
         return str(line)
 
@@ -132,26 +134,20 @@ def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more
     long = reach(200000.0)
     assert "(k7), -0.1% against the best fixed pool" in long
     assert "within reach" in long
-    assert not depth_bound._reach("seed-qwen35-122b", {"k7": run("k7", 110.0, 1000.0)}, 100.0)
+    alone = {"k7": _steady("k7", 110.0, 1000.0)}
+    assert not depth_bound._reach("seed-qwen35-122b", alone, 100.0)
 
 
 def test_a_vllm_pool_launched_at_the_mix_pays_for_the_servers_it_changes(
-    monkeypatch: pytest.MonkeyPatch,
+    depth_bound: ModuleType,
 ) -> None:
     # `vllm_bound.py`'s last column: from the 1/2/3 mix, three k3 servers cost two start-ups
     # (the k3 server stays), 88 s at two thirds of k3's rate, so over 1000 s the bound is
     # 103.5 tok/s against three k3's 110; the mix itself is 100.
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
     vllm_bound = importlib.import_module("vllm_bound")
-    sim_results = importlib.import_module("sim_results")
-    vllm_pools = importlib.import_module("vllm_pools")
-
-    def run(rate: float) -> object:
-        result = sim_results.SimResult(pool="p", phases=[("busy", 0.0, 1000.0)],
-                                       bins=[rate * 5.0] * 200, finished=[])  # fmt: skip
-        return vllm_pools.Run(result)
-
-    runs = {"mix-1-2-3": run(100.0), "k1": run(95.0), "k3": run(110.0)}
+    run = importlib.import_module("vllm_pools").Run
+    runs = {name: run(_steady(name, rate, 1000.0))
+            for name, rate in (("mix-1-2-3", 100.0), ("k1", 95.0), ("k3", 110.0))}  # fmt: skip
     bound = vllm_bound.from_launch("seed-qwen35-122b", runs, "mix-1-2-3")
     assert bound == pytest.approx(110.0 - 110.0 * 88.0 * 2 / 3 / 1000.0)
     assert vllm_bound.from_launch("seed-qwen35-122b", runs, "launched-tuned") is None
