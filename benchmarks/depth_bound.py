@@ -336,8 +336,7 @@ def report(
         for _, _, _, idx in columns
     )
     lines.append(f"| envelope | **{_cell(env.whole)}** | {cells} |")
-    start = launched_pool(results)
-    ahead = None if start is None else envelope(results, startup, specs, start)
+    start, ahead = _from_launched(profile, results, startup)
     if ahead is not None:
         cells = " | ".join(
             f"{_cell(_block(ahead, idx, phases))} "
@@ -350,7 +349,7 @@ def report(
         lines += _hours(results, env)
     v = verdict(profile, trace, results, env.whole[0], bounded(specs, results),
                 None if ahead is None else ahead.whole[0])  # fmt: skip
-    lines += _reach(profile, results, startup_s)
+    lines += _reach(results, start, ahead)
     lines += _verdicts(trace, results, env, v)
     return lines, v
 
@@ -361,21 +360,28 @@ def launched_pool(results: dict[str, SimResult]) -> str | None:
     return next((p for p in ("launched", "mix-1-2-3") if p in results), None)
 
 
-def _reach(profile: str, results: dict[str, SimResult], startup_s: float | None) -> list[str]:
-    """The bound on never behind from the launched pool, over the fixed pools: the best fixed
-    pool over the whole trace against the envelope from the launched pool (`envelope(start=
-    ...)`), where both ran; it needs no auto run. Not a bound over mixed pools."""
+def _from_launched(
+    profile: str, results: dict[str, SimResult], startup_s: float
+) -> tuple[str, Envelope | None]:
+    """The launched pool and the envelope from it (`envelope(start=...)`), where it and a
+    pool the envelope may choose ran; it needs no auto run."""
     specs = pools(profile)
     start = launched_pool(results)
-    alternatives = bounded(specs, results)
-    fixed = [p for p in alternatives if p.startswith("k")]
-    if start is None or not fixed:
+    if start is None or not bounded(specs, results):
+        return "", None
+    return start, envelope(results, startup_s, specs, start)
+
+
+def _reach(results: dict[str, SimResult], start: str, ahead: Envelope | None) -> list[str]:
+    """The bound on never behind from the launched pool `start`, over the fixed pools: the
+    best fixed pool over the whole trace against `ahead`, the envelope from `start`. Not a
+    bound over mixed pools."""
+    fixed = [p for p in results if p.startswith("k")]
+    if ahead is None or not fixed:
         return []
-    startup = get_profile(profile).startup_s if startup_s is None else startup_s
     total = results[fixed[0]].phases[-1][2]
     best = max(fixed, key=lambda p: results[p].window(0, total)[0])
     rate = results[best].window(0, total)[0]
-    ahead = envelope(results, startup, specs, start)
     gap = ahead.whole[0] / rate - 1
     reach = "within reach" if gap >= -NEVER_BEHIND else "OUT OF REACH over the fixed pools"
     picks = " > ".join(dict.fromkeys(ahead.picks))
@@ -403,7 +409,8 @@ def _unbounded(
             median = f"{percentile(list(errors), 50):.1%} ({len(errors)})" if errors else "-"
             line += f", {len(r.restarts)} restarts, forecast error {median}"
         lines.append(line)
-    return [*lines, *_reach(profile, results, startup_s), ""]
+    startup = get_profile(profile).startup_s if startup_s is None else startup_s
+    return [*lines, *_reach(results, *_from_launched(profile, results, startup)), ""]
 
 
 def _block(env: Envelope, idx: list[int], phases: list[tuple[str, float, float]]) -> Cell:

@@ -268,7 +268,7 @@ def test_the_tune_report_names_the_pool_launch_starts_for_the_other_traffic() ->
     text = render(report, prior)
     line = (
         "Mostly greedy requests? `specroute launch --prior p.json --expected-traffic greedy` "
-        "(no --steps) starts steps2 + steps2 + steps2, the pool for greedy traffic."
+        "(no --steps) starts 2,2,2, the pool for greedy traffic."
     )
     assert line in text
     assert "Mostly sampled requests?" not in text

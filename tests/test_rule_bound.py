@@ -125,7 +125,8 @@ def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more
     def reach(length: float) -> str:
         rates = (("launched", 100.0), ("k3", 100.0), ("k7", 110.0))
         results = {name: _steady(name, rate, length) for name, rate in rates}
-        (line,) = depth_bound._reach("seed-qwen35-122b", results, 100.0)
+        ahead = depth_bound._from_launched("seed-qwen35-122b", results, 100.0)
+        (line,) = depth_bound._reach(results, *ahead)
         return str(line)
 
     short = reach(1000.0)
@@ -135,7 +136,9 @@ def test_never_behind_is_out_of_reach_where_leaving_the_launched_pool_costs_more
     assert "(k7), -0.1% against the best fixed pool" in long
     assert "within reach" in long
     alone = {"k7": _steady("k7", 110.0, 1000.0)}
-    assert not depth_bound._reach("seed-qwen35-122b", alone, 100.0)
+    assert not depth_bound._reach(
+        alone, *depth_bound._from_launched("seed-qwen35-122b", alone, 100.0)
+    )
 
 
 def test_a_vllm_pool_launched_at_the_mix_pays_for_the_servers_it_changes(

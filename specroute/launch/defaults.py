@@ -92,7 +92,7 @@ def measured_depths(profile: Profile) -> tuple[int, ...]:
     return tuple(sorted(set(_fixed(profile).values())))
 
 
-def traffic_kinds(profile: Profile) -> list[str]:
+def measured_traffic(profile: Profile) -> list[str]:
     """The traffic kinds the prior measured, in its order (tune's `greedy`, `sampled`)."""
     return [t.name for t in profile.traffic] or sorted(
         {p.traffic for t in profile.targets for p in t.points}
@@ -105,7 +105,7 @@ def _primary(
     """Tune's recommendation for the traffic kind a pool is chosen for: `traffic` where the
     operator names it (`--expected-traffic`), else tune's own choice (sampled: SGLang samples
     unless asked not to)."""
-    kinds = [traffic] if traffic is not None else traffic_kinds(profile)
+    kinds = [traffic] if traffic is not None else measured_traffic(profile)
     return primary([a for kind in kinds if (a := advise(profile, kind, labels, (), servers))])
 
 
@@ -120,7 +120,7 @@ def _recommended(
     """The prior's pool of `servers` among `allowed` (for `users` at once, else over every
     load it measured; for `traffic`, else tune's kind), with why; PlanError when there is
     none."""
-    if traffic is not None and traffic not in (kinds := traffic_kinds(profile)):
+    if traffic is not None and traffic not in (kinds := measured_traffic(profile)):
         raise PlanError(
             f"--expected-traffic {traffic}: {name} measured "
             + (" and ".join(kinds) if kinds else "no traffic")

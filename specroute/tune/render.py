@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from specroute.bench.report import format_grid
 from specroute.emulator.seed import SEED_TOLERANCE
+from specroute.launch.argv import PlanError
+from specroute.launch.defaults import launch_depths
 from specroute.profile_format import Profile
 from specroute.recommend import MIN_STEP_GAIN, Advice, StepGain
 from specroute.tune.engine_facts import EngineFacts
@@ -205,7 +207,7 @@ def _sections(report: TuneReport, profile: Profile, markdown: bool) -> Sequence[
             "\nAdd --reconfigure auto to let the servers' depths follow the load (the default,"
             " advise, only shows the planner's plan at the proxy's /plan and /dashboard)."
         )
-        body += "".join(_other_traffic(report))
+        body += "".join(_other_traffic(report, profile))
         parts.append(_section(f"Start it ({report.recommended_for} traffic)", body, markdown))
     if report.seed is not None:
         parts.append(_seed(report.seed, markdown))
@@ -218,21 +220,29 @@ def _sections(report: TuneReport, profile: Profile, markdown: bool) -> Sequence[
     return parts
 
 
-def _other_traffic(report: TuneReport) -> list[str]:
-    """A line for each traffic kind whose recommended pool is not the one the command starts:
-    where the operator's requests are mostly of that kind, `launch --expected-traffic` starts
-    its pool from the prior."""
-    started = next(
-        (a.mix.servers for a in report.advice if a.traffic == report.recommended_for and a.mix),
-        None,
-    )
-    return [
-        f"\nMostly {a.traffic} requests? `specroute launch --prior {report.prior} "
-        f"--expected-traffic {a.traffic}` (no --steps) starts {' + '.join(a.mix.servers)}, the "
-        f"pool for {a.traffic} traffic."
-        for a in report.advice
-        if a.mix is not None and a.traffic != report.recommended_for and a.mix.servers != started
-    ]
+def _other_traffic(report: TuneReport, profile: Profile) -> list[str]:
+    """A line for each other traffic kind for which `launch --prior --expected-traffic KIND`
+    starts another pool than plain `launch --prior` does (`launch_depths` says which: the
+    report's own mix may hold adaptive servers, which launch never starts from a prior)."""
+
+    def started(kind: str | None) -> tuple[int, ...] | None:
+        try:
+            return launch_depths(steps=None, allowed=None, prior=profile,
+                                 servers=report.servers, traffic=kind).steps  # fmt: skip
+        except PlanError:
+            return None
+
+    plain = started(None)
+    lines = []
+    for kind in (a.traffic for a in report.advice if a.traffic != report.recommended_for):
+        steps = started(kind)
+        if steps is not None and steps != plain:
+            lines.append(
+                f"\nMostly {kind} requests? `specroute launch --prior {report.prior} "
+                f"--expected-traffic {kind}` (no --steps) starts "
+                f"{','.join(map(str, steps))}, the pool for {kind} traffic."
+            )
+    return lines
 
 
 def _engine(facts: EngineFacts, markdown: bool) -> str:
