@@ -20,6 +20,7 @@ __all__ = [
     "bound_socket",
     "closed_port",
     "free_run",
+    "launch_ports",
     "refused_url",
     "run_server",
     "start_emulator",
@@ -78,6 +79,15 @@ def free_run(count: int, avoid: Collection[int] = ()) -> int:
             continue
         return base
     raise RuntimeError(f"no run of {count} free ports below {high + count}")
+
+
+def launch_ports(servers: int) -> tuple[int, int]:
+    """(the proxy's `--port`, the servers' `--base-port`) for a launched pool: one `free_run`
+    below the kernel's ephemeral range, the proxy after the servers. The proxy binds its port
+    only once every server is ready, seconds later: a port from `free_port()` was another
+    worker's `bind(0)` by then, and that process's 404s were taken for the proxy's."""
+    base = free_run(servers + 1)
+    return base + servers, base
 
 
 @contextlib.contextmanager

@@ -18,9 +18,8 @@ import httpx
 import msgspec
 import pytest
 from emulator_support import parse_metrics
-from servers import free_run
+from servers import launch_ports
 
-from specroute.children import free_port
 from specroute.cli import build_parser
 from specroute.cmdline import UsageError
 from specroute.launch.argv import LaunchOptions, build_plan
@@ -289,10 +288,10 @@ def test_an_adaptive_restart_names_its_tiers_file(tmp_path: Path) -> None:
 
 
 async def _launched(tmp_path: Path) -> tuple[Launcher, LaunchOptions]:
-    port = free_port()
+    port, base = launch_ports(2)
     options = LaunchOptions(
         model="emulated", steps=(1, 2), emulate=True, port=port,
-        base_port=free_run(2, avoid=(port,)), policy="least_loaded",
+        base_port=base, policy="least_loaded",
         proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
         emulator_args=("--time-scale=10", "--startup-s=10"),
     )  # fmt: skip

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from process_tree import Terminal, descendants, still_running
-from servers import free_run
+from servers import launch_ports
 
-from specroute.children import bound_socket, free_port
+from specroute.children import bound_socket
 
 
 def _ctrl_c_stops_cleanly(terminal: Terminal, ready: str) -> None:
@@ -38,9 +38,8 @@ def test_ctrl_c_on_the_demo_stops_everything_without_a_traceback(tmp_path: Path)
 
 @pytest.mark.timeout(150)
 def test_ctrl_c_on_launch_emulate_stops_everything_without_a_traceback(tmp_path: Path) -> None:
-    port = free_port()
+    port, base = launch_ports(2)
     args = ["launch", "--emulate", "--steps", "1,2", "--port", str(port)]
-    base = free_run(2, avoid=(port,))
     args += ["--base-port", str(base), "--log-dir", str(tmp_path / "logs")]
     terminal = Terminal(args, tmp_path)
     _ctrl_c_stops_cleanly(terminal, "Ctrl-C (or SIGTERM) stops everything.")

@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 from litestar.testing import TestClient
-from servers import free_run
+from servers import launch_ports
 
-from specroute.children import free_port, spawn, stop
+from specroute.children import spawn, stop
 from specroute.emulator import EmulatorOptions
 from specroute.emulator.seed import SEED_MAX_RUNNING_REQUESTS
 from specroute.emulator.server import create_app
@@ -53,8 +53,7 @@ class Launch:
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Launch]:
-    port = free_port()
-    base = free_run(3, avoid=(port,))
+    port, base = launch_ports(3)
     output = tmp_path / "launch.out"
     argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--steps", "1,2,3"]
     argv += ["--model", "tiny", "--port", str(port), "--base-port", str(base)]

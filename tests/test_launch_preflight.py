@@ -93,3 +93,91 @@ def test_an_address_another_process_answers_on_stops_the_launch_before_anything_
         assert main(argv) == 2
         assert f"proxy cannot start: port {base + 1} is steps2's too" in capsys.readouterr().err
     assert not logs.exists()  # nothing was started
+
+
+def test_a_proxy_port_taken_while_the_servers_load_stops_the_launch_with_its_name(
+    tmp_path: Path,
+) -> None:
+    """The launch checked every address before starting; a process that binds the proxy's
+    port while the servers load (minutes on GPUs) is found just before the proxy starts, not
+    taken for the proxy (its answers were read as the proxy's readiness, and its 404s as the
+    proxy's)."""
+    import asyncio
+    import io
+
+    from servers import launch_ports
+
+    from specroute.launch.argv import LaunchOptions, build_plan
+    from specroute.launch.launcher import Launcher, LaunchError, LaunchSettings
+
+    port, base = launch_ports(1)
+    options = LaunchOptions(model="emulated", steps=(1,), emulate=True, port=port,
+                            base_port=base, emulator_args=("--time-scale=40",))  # fmt: skip
+    launcher = Launcher(build_plan(options), LaunchSettings(log_dir=tmp_path / "logs",
+                        drain_s=5, ready_timeout_s=60, poll_s=0.1), out=io.StringIO())  # fmt: skip
+
+    async def scenario() -> str:
+        try:
+            await launcher.start()
+        except LaunchError as exc:
+            return str(exc)
+        finally:
+            await launcher.shutdown()
+        return "started"
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))  # after `build_plan`: as if taken once the launch began
+        other.listen()
+        said = asyncio.run(scenario())
+    assert said == f"proxy: http://127.0.0.1:{port} already answers (another process listens " \
+        f"on port {port}); stop it or pick --port"  # fmt: skip
+    assert launcher.proxy.pid is None  # never started
+    assert all(not s.running for s in launcher.servers)
+
+
+def test_a_server_port_taken_while_it_drained_fails_its_restart_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+    import io
+
+    from servers import launch_ports
+
+    from specroute.launch.argv import LaunchOptions, build_plan
+    from specroute.launch.launcher import Launcher, LaunchSettings
+    from specroute.launch.restarts import ServerRestarts
+    from specroute.planner import Setting
+    from specroute.reconfigure.actuator import Actuator
+
+    port, base = launch_ports(1)
+    options = LaunchOptions(model="emulated", steps=(1,), emulate=True, port=port,
+                            base_port=base, emulator_args=("--time-scale=40",))  # fmt: skip
+    launcher = Launcher(build_plan(options), LaunchSettings(log_dir=tmp_path / "logs",
+                        drain_s=5, ready_timeout_s=60, poll_s=0.1), out=io.StringIO())  # fmt: skip
+    other = socket.socket()
+
+    async def scenario() -> str | None:
+        try:
+            await launcher.start()
+            (server,) = launcher.servers
+            stop = server.stop
+
+            async def stop_then_taken(grace_s: float = 30.0) -> int | None:
+                status = await stop(grace_s)
+                if other.getsockname()[1] == base:
+                    return status  # the launcher's shutdown, after the restart
+                other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its TIME_WAITs
+                other.bind(("127.0.0.1", base))  # another process, while the server was down
+                other.listen()
+                return status
+
+            server.stop = stop_then_taken  # type: ignore[method-assign]
+            act = Actuator("auto", [(server.plan.name, Setting(steps=1), 10.0)])
+            return await ServerRestarts(launcher, options, act)(server.plan.name, Setting(steps=3))
+        finally:
+            await launcher.shutdown()
+
+    with other:
+        said = asyncio.run(scenario())
+    assert said == f"http://127.0.0.1:{base} already answers (another process listens on port " \
+        f"{base}); stop it or pick --base-port"  # fmt: skip

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 from emulator_support import wait_for
-from servers import free_run
+from servers import launch_ports
 
-from specroute.children import free_port, spawn, stop
+from specroute.children import spawn, stop
 from specroute.launch.argv import LaunchOptions, PlanError, build_plan, server_argv
 
 EAGLE3 = LaunchOptions(
@@ -82,8 +82,7 @@ def test_launch_warns_when_nothing_tells_the_proxy_a_vllm_servers_batch_limit() 
 
 
 def test_launched_emulated_vllm_pool_is_recognised_and_routed(tmp_path: Path) -> None:
-    port = free_port()
-    base = free_run(2, avoid=(port,))
+    port, base = launch_ports(2)
     argv = [sys.executable, "-m", "specroute", "launch", "--emulate", "--engine", "vllm"]
     argv += ["--steps", "1,3", "--port", str(port), "--base-port", str(base)]
     argv += ["--log-dir", str(tmp_path / "logs"), "--emulator-arg=--time-scale=20"]

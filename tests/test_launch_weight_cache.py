@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import free_run
+from servers import launch_ports
 
-from specroute.children import free_port
 from specroute.cmdline import UsageError
 from specroute.launch.argv import LaunchOptions, build_plan
 from specroute.launch.depth_flags import server_at
@@ -78,9 +77,10 @@ def test_without_the_flag_no_daemon_and_no_client_flags() -> None:
 
 
 def _options(tmp_path: Path) -> LaunchOptions:
+    port, base = launch_ports(2)
     return LaunchOptions(
-        model="emulated", steps=(1, 3), engine="vllm", emulate=True, port=free_port(),
-        base_port=free_run(2), policy="least_loaded", proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
+        model="emulated", steps=(1, 3), engine="vllm", emulate=True, port=port,
+        base_port=base, policy="least_loaded", proxy_env={"SPECROUTE_ADMIN_KEY": "k"},
         emulator_args=("--time-scale=40", f"--startup-s={CONFIGURED_S}"),
         weight_cache=str(tmp_path / "wc"),
     )  # fmt: skip
@@ -139,12 +139,14 @@ def test_an_emulated_pool_restarts_through_its_weight_cache(tmp_path: Path) -> N
     assert charged == took  # what the server showed, not the configured 88 s
     assert charged < CONFIGURED_S
     assert all(not c.running for c in launcher.caches)  # stopped at exit, sockets gone
+    assert not [c.log_path for c in launcher.caches if "Traceback" in c.log_path.read_text()]
     assert not list((tmp_path / "wc").rglob("*.sock"))
 
 
 def test_a_daemon_that_dies_is_restarted(tmp_path: Path) -> None:
-    options = LaunchOptions(model="emulated", steps=(0,), emulate=True, port=free_port(),
-                            base_port=free_run(1), emulator_args=("--time-scale=40",),
+    port, base = launch_ports(1)
+    options = LaunchOptions(model="emulated", steps=(0,), emulate=True, port=port,
+                            base_port=base, emulator_args=("--time-scale=40",),
                             weight_cache=str(tmp_path / "wc"))  # fmt: skip
 
     async def scenario() -> tuple[int | None, int | None, int]:

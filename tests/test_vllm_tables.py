@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from servers import free_run
+from servers import launch_ports
 from test_actuator import pool_answer
 from test_planner import SAMPLED, estimates, planner_after, pool
 
-from specroute.children import free_port
 from specroute.cli import main
 from specroute.launch.argv import LaunchOptions, PlanError, build_plan
 from specroute.launch.defaults import launch_depths
@@ -135,10 +134,10 @@ def test_a_restart_moves_a_server_onto_a_table_or_off_it() -> None:
 async def _launched_tables(tmp_path: Path) -> dict[str, Any]:
     """Two emulated vLLM servers, one launched on a table; the loop declares it to the proxy,
     then moves the other onto a table and the first off its own."""
-    port = free_port()
+    port, base = launch_ports(2)
     options = LaunchOptions(
         model="emulated", steps=(2, 3), emulate=True, engine="vllm", port=port,
-        base_port=free_run(2, avoid=(port,)), policy="least_loaded",
+        base_port=base, policy="least_loaded",
         proxy_env={"SPECROUTE_ADMIN_KEY": "k"}, emulator_args=("--time-scale=10",),
         tables={3: ((1, 3), (9, 2))},
     )  # fmt: skip

@@ -121,6 +121,8 @@ async def serve(path: Path, profile: str, load_wall_s: float) -> int:
         try:
             writer.write(hello + b"\n")
             await writer.drain()
+        except ConnectionError:
+            pass  # a probe that only connects (`serving_sockets`) is gone before the hello
         finally:
             writer.close()
 

@@ -21,6 +21,7 @@ import structlog
 
 from specroute.children import ChildExited, NotReady, tail, wait_ready
 from specroute.launch.argv import LaunchPlan
+from specroute.launch.preflight import answered_by_another
 from specroute.launch.supervisor import Supervised
 from specroute.launch.weight_cache import wait_cache_ready
 
@@ -171,6 +172,9 @@ class Launcher:
         await self._wait_ready(self.servers)
         if self._stop.is_set():
             return
+        taken = await asyncio.to_thread(answered_by_another, self.plan.proxy.url, "--port")
+        if taken:  # taken while the servers loaded
+            raise LaunchError(f"{self.plan.proxy.name}: {taken}")
         await self.proxy.start()
         await self._wait_ready([self.proxy], "/ready")
 

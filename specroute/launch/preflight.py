@@ -17,7 +17,7 @@ import msgspec
 
 from specroute.launch.argv import LaunchOptions, LaunchPlan, build_plan
 
-__all__ = ["cannot_start", "emulation_notes", "ports_taken", "real_plan"]
+__all__ = ["answered_by_another", "cannot_start", "emulation_notes", "ports_taken", "real_plan"]
 
 _PATH_FLAGS = ("--model-path", "--speculative-draft-model-path")
 
@@ -67,6 +67,23 @@ def _answers(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def _address(url: str) -> tuple[str, int]:
+    address = urlsplit(url)
+    return address.hostname or "127.0.0.1", address.port or 80
+
+
+def answered_by_another(url: str, flag: str) -> str | None:
+    """Why a child about to start on `url` must not, when a process already listens there:
+    it could not bind, and its readiness would be read from that process's answers. The
+    launch checks every address before anything starts (`ports_taken`); this is asked again
+    just before each child binds, which may be minutes later (the proxy starts once every
+    server has loaded, a restarted server once the old one has drained)."""
+    host, port = _address(url)
+    if not _answers(host, port):
+        return None
+    return f"{url} already answers (another process listens on port {port}); stop it or pick {flag}"
+
+
 def ports_taken(plan: LaunchPlan) -> list[tuple[str, str]]:
     """(child, problem) for each child whose address is another's in the plan, or where a
     process already listens: the child could not bind it, and launch would take that other
@@ -77,16 +94,12 @@ def ports_taken(plan: LaunchPlan) -> list[tuple[str, str]]:
     seen: dict[tuple[str, int], str] = {}
     problems = []
     for child in children:
-        address = urlsplit(child.url)
-        host, port = address.hostname or "127.0.0.1", address.port or 80
+        host, port = _address(child.url)
         flag = flags.get(child.name, "--base-port")
         if (host, port) in seen:
             problems.append((child.name, f"port {port} is {seen[host, port]}'s too; pick {flag}"))
-        elif _answers(host, port):
-            problems.append(
-                (child.name, f"{child.url} already answers (another process listens on port "
-                             f"{port}); stop it or pick {flag}")
-            )  # fmt: skip
+        elif taken := answered_by_another(child.url, flag):
+            problems.append((child.name, taken))
         seen[host, port] = child.name
     return problems
 

@@ -15,6 +15,7 @@ from specroute.children import ChildExited, NotReady, wait_ready
 from specroute.launch.argv import LaunchOptions, LaunchPlan, PlanError
 from specroute.launch.depth_flags import adaptive_config, capped_tiers, server_at
 from specroute.launch.launcher import Launcher, validate_with_sglang
+from specroute.launch.preflight import answered_by_another
 from specroute.launch.sglang_check import sglang_installed
 from specroute.launch.supervisor import Supervised
 from specroute.planner import Setting
@@ -57,6 +58,9 @@ class ServerRestarts:
             if verdict is not None:
                 return f"SGLang rejects the flags: {verdict}"
         await old.stop(self.launcher.settings.drain_s)
+        taken = await asyncio.to_thread(answered_by_another, plan.url, "--base-port")
+        if taken:  # taken while the old server drained
+            return taken
         child = Supervised(plan, self.launcher.settings.log_dir, on_crash=self.launcher.crashed)
         servers[i] = child
         await child.start()
