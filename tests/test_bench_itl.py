@@ -20,7 +20,7 @@ def test_inter_token_latency_matches_true_per_token_gap_at_depth_three() -> None
             concurrency=[1],
             requests=3,
             prompts=PromptSettings(words=16),
-            mix=[Sampling(max_tokens=96)],
+            mix=[Sampling(max_tokens=192)],
         )
         result = asyncio.run(run_sweep(settings))
     level = result.levels[0]
@@ -33,7 +33,10 @@ def test_inter_token_latency_matches_true_per_token_gap_at_depth_three() -> None
     measured = level.summary.itl.mean
     # The emulator sleeps each iteration; a sleep overshoots by a fraction of a millisecond on
     # a busy machine (a full `make test` on two cores read 2.39 ms for a true 2.14 ms at time
-    # scale 2) and never undershoots: the bound above is wider than the one below.
-    assert -0.05 < (measured - true_gap) / true_gap < 0.10, (measured, true_gap)
+    # scale 2). A client busy when the first chunk lands reads it late and the next ones back
+    # to back, which shortens the span the gaps are read over (4.07 ms for a true 4.28 ms, 96
+    # tokens a reply, in a full `make test`): both bounds stay far inside chunk-gap latency's
+    # threefold error (below), and longer replies spread that late read over more gaps.
+    assert -0.08 < (measured - true_gap) / true_gap < 0.10, (measured, true_gap)
     chunk_gap = level.summary.itl.mean * level.summary.accept.chunks
     assert chunk_gap > 3 * true_gap  # what chunk-gap latency would have reported
