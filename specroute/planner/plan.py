@@ -29,9 +29,6 @@ __all__ = ["Planner"]
 
 _ERRORS_KEPT = 5
 """Settled forecasts whose median error widens the bar."""
-SEEN_HEADROOM = 2.0
-"""Once the load has moved, how far above the highest load seen every pool must stay able
-to restart a server (`_escape_floor`): a ramp's next step doubles it."""
 _Load = tuple[tuple[str, float], ...]
 """Users per class, sorted: one load's key."""
 
@@ -377,12 +374,7 @@ class Planner:
         """The load the pool may meet: the peak the operator named, else the slots of the
         pool as launched; the highest load seen if more."""
         o = self.options
-        if o.peak_concurrency is not None:
-            sized_for = o.peak_concurrency
-        else:
-            sized_for = self._launched or 0.0
-            if regime.regimes_seen > 0:
-                sized_for = min(sized_for, SEEN_HEADROOM * regime.peak_concurrency)
+        sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         return max(sized_for, regime.peak_concurrency)
 
     def _risks(
@@ -484,18 +476,9 @@ class Planner:
 
     def _escape_floor(self, regime: Regime) -> float:
         """The load every proposed pool, and every pool on the way to it, must stay
-        reconfigurable at (`escape_load`): the peak the operator named, else what the launched
-        pool could, until the load has moved; once a regime has ended, no more than
-        `SEEN_HEADROOM` times the highest load seen (agents at 24 users held a pool that could
-        restart a server under 68, the launched pool's, from the k3/k7/k7 that ran their hour
-        10% faster). The highest load seen, at the least."""
+        reconfigurable at (`escape_load`)."""
         o = self.options
-        if o.peak_concurrency is not None:
-            floor = o.peak_concurrency
-        else:
-            floor = self._launched_escape or 0.0
-            if regime.regimes_seen > 0:
-                floor = min(floor, SEEN_HEADROOM * regime.peak_concurrency)
+        floor = (self._launched_escape or 0.0) if o.peak_concurrency is None else o.peak_concurrency
         return max(floor, regime.peak_concurrency)
 
     def _loss(
