@@ -3,16 +3,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from servers import closed_port
+from servers import closed_port, launch_ports
 
 from specroute.cli import main
+from specroute.launch.argv import LaunchOptions, build_plan
+from specroute.launch.launcher import Launcher, LaunchError, LaunchSettings
 from specroute.launch.preflight import cannot_start
+from specroute.launch.restarts import ServerRestarts
+from specroute.planner import Setting
+from specroute.reconfigure.actuator import Actuator
 
 
 def test_a_missing_module_and_an_absent_model_path_are_found_before_starting(
@@ -95,6 +102,15 @@ def test_an_address_another_process_answers_on_stops_the_launch_before_anything_
     assert not logs.exists()  # nothing was started
 
 
+def _one_server(tmp_path: Path) -> tuple[LaunchOptions, Launcher]:
+    """An emulated pool of one server, planned and not started."""
+    port, base = launch_ports(1)
+    options = LaunchOptions(model="emulated", steps=(1,), emulate=True, port=port,
+                            base_port=base, emulator_args=("--time-scale=40",))  # fmt: skip
+    settings = LaunchSettings(log_dir=tmp_path / "logs", drain_s=5, ready_timeout_s=60, poll_s=0.1)
+    return options, Launcher(build_plan(options), settings, out=io.StringIO())
+
+
 def test_a_proxy_port_taken_while_the_servers_load_stops_the_launch_with_its_name(
     tmp_path: Path,
 ) -> None:
@@ -102,19 +118,8 @@ def test_a_proxy_port_taken_while_the_servers_load_stops_the_launch_with_its_nam
     port while the servers load (minutes on GPUs) is found just before the proxy starts, not
     taken for the proxy (its answers were read as the proxy's readiness, and its 404s as the
     proxy's)."""
-    import asyncio
-    import io
-
-    from servers import launch_ports
-
-    from specroute.launch.argv import LaunchOptions, build_plan
-    from specroute.launch.launcher import Launcher, LaunchError, LaunchSettings
-
-    port, base = launch_ports(1)
-    options = LaunchOptions(model="emulated", steps=(1,), emulate=True, port=port,
-                            base_port=base, emulator_args=("--time-scale=40",))  # fmt: skip
-    launcher = Launcher(build_plan(options), LaunchSettings(log_dir=tmp_path / "logs",
-                        drain_s=5, ready_timeout_s=60, poll_s=0.1), out=io.StringIO())  # fmt: skip
+    options, launcher = _one_server(tmp_path)
+    port = options.port
 
     async def scenario() -> str:
         try:
@@ -138,22 +143,8 @@ def test_a_proxy_port_taken_while_the_servers_load_stops_the_launch_with_its_nam
 def test_a_server_port_taken_while_it_drained_fails_its_restart_with_the_reason(
     tmp_path: Path,
 ) -> None:
-    import asyncio
-    import io
-
-    from servers import launch_ports
-
-    from specroute.launch.argv import LaunchOptions, build_plan
-    from specroute.launch.launcher import Launcher, LaunchSettings
-    from specroute.launch.restarts import ServerRestarts
-    from specroute.planner import Setting
-    from specroute.reconfigure.actuator import Actuator
-
-    port, base = launch_ports(1)
-    options = LaunchOptions(model="emulated", steps=(1,), emulate=True, port=port,
-                            base_port=base, emulator_args=("--time-scale=40",))  # fmt: skip
-    launcher = Launcher(build_plan(options), LaunchSettings(log_dir=tmp_path / "logs",
-                        drain_s=5, ready_timeout_s=60, poll_s=0.1), out=io.StringIO())  # fmt: skip
+    options, launcher = _one_server(tmp_path)
+    base = options.base_port
     other = socket.socket()
 
     async def scenario() -> str | None:
