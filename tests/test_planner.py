@@ -293,6 +293,11 @@ def test_once_the_load_has_moved_the_pool_stays_reconfigurable_at_twice_the_peak
     assert plan.proposed is not None
     assert plan.proposed.settings == ("k7", "k7", "k7")
     assert "peak rule" not in plan.reason
+    # At 30 users the floor is 60, and the plan names where it comes from.
+    busier, now = planner_after([(1200.0, {GREEDY: 3.0}), (1800.0, {GREEDY: 30.0})])
+    held = busier.plan(now, pool(1, 1, 1), estimates())
+    assert "the peak rule holds back k7/k7/k7" in held.reason
+    assert "must stay able to under 60 (twice the highest load seen, 30 users)" in held.reason
 
 
 def test_a_pool_the_rising_floor_has_passed_leaves_while_it_can_even_at_a_loss() -> None:

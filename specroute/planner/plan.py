@@ -449,6 +449,8 @@ class Planner:
             why = "the highest load seen"
         elif self.options.peak_concurrency is not None:
             why = "`peak_concurrency`"
+        elif floor < (self._launched_escape or 0.0):
+            why = f"twice the highest load seen, {regime.peak_concurrency:.0f} users"
         else:
             why = "as the launched pool could; `peak_concurrency` names a lower peak"
         gain = (
