@@ -394,15 +394,21 @@ class Planner:
 
     def _peak(self, regime: Regime) -> float:
         """The load the pool may meet: the peak the operator named, else the slots of the
-        pool as launched; the highest load seen if more."""
+        pool as launched (`_sized`)."""
+        return self._sized(self._launched, regime)
+
+    def _sized(self, launched: float | None, regime: Regime) -> float:
+        """The peak the operator named, else `launched` (what the pool as launched was sized
+        for) until the load has moved; once a regime has ended, no more than `SEEN_HEADROOM`
+        times the highest load seen. The highest load seen, at the least."""
         o = self.options
         if o.peak_concurrency is not None:
-            sized_for = o.peak_concurrency
+            sized = o.peak_concurrency
         else:
-            sized_for = self._launched or 0.0
+            sized = launched or 0.0
             if regime.regimes_seen > 0:
-                sized_for = min(sized_for, SEEN_HEADROOM * regime.peak_concurrency)
-        return max(sized_for, regime.peak_concurrency)
+                sized = min(sized, SEEN_HEADROOM * regime.peak_concurrency)
+        return max(sized, regime.peak_concurrency)
 
     def _risks(
         self, current: Sequence[Setting], peak: float, regime: Regime, phys: Physics
@@ -506,18 +512,10 @@ class Planner:
     def _escape_floor(self, regime: Regime) -> float:
         """The load every proposed pool, and every pool on the way to it, must stay
         reconfigurable at (`escape_load`): the peak the operator named, else what the launched
-        pool could, until the load has moved; once a regime has ended, no more than
-        `SEEN_HEADROOM` times the highest load seen (agents at 24 users held a pool that could
-        restart a server under 68, the launched pool's, from the k3/k7/k7 that ran their hour
-        10% faster). The highest load seen, at the least."""
-        o = self.options
-        if o.peak_concurrency is not None:
-            floor = o.peak_concurrency
-        else:
-            floor = self._launched_escape or 0.0
-            if regime.regimes_seen > 0:
-                floor = min(floor, SEEN_HEADROOM * regime.peak_concurrency)
-        return max(floor, regime.peak_concurrency)
+        pool could, until the load has moved (`_sized`). Agents at 24 users held a pool that
+        could restart a server under 68, the launched pool's, from the k3/k7/k7 that ran their
+        hour 10% faster."""
+        return self._sized(self._launched_escape, regime)
 
     def _loss(
         self,
