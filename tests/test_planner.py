@@ -278,6 +278,52 @@ def test_by_default_the_pool_stays_reconfigurable_at_the_load_it_was_launched_fo
     assert 75 <= sum(limits) - limits[0] < 100
 
 
+def test_once_the_load_has_moved_the_pool_stays_reconfigurable_at_twice_the_peak_seen() -> None:
+    # Launched as three k1 (a server restarts under 100 users), twenty greedy users run
+    # fastest on three k7, which could restart a server only under 40. While the pool has
+    # seen one load only, nothing says how busy it may get, and the launched pool's 100 hold
+    # it back; once a quiet spell has given way to the 20 users, twice the peak seen (40)
+    # is the floor, and the 20 users get the pool they run fastest on.
+    steady, now = planner_after([(3000.0, {GREEDY: 20.0})])
+    held = steady.plan(now, pool(1, 1, 1), estimates())
+    assert "the peak rule holds back k7/k7/k7" in held.reason
+    assert "must stay able to under 100" in held.reason
+    moved, now = planner_after([(1200.0, {GREEDY: 3.0}), (1800.0, {GREEDY: 20.0})])
+    plan = moved.plan(now, pool(1, 1, 1), estimates())
+    assert plan.proposed is not None
+    assert plan.proposed.settings == ("k7", "k7", "k7")
+    assert "peak rule" not in plan.reason
+    # At 30 users the floor is 60, and the plan names where it comes from.
+    busier, now = planner_after([(1200.0, {GREEDY: 3.0}), (1800.0, {GREEDY: 30.0})])
+    held = busier.plan(now, pool(1, 1, 1), estimates())
+    assert "the peak rule holds back k7/k7/k7" in held.reason
+    assert "must stay able to under 60 (twice the highest load seen, 30 users)" in held.reason
+
+
+def test_a_pool_the_rising_floor_has_passed_leaves_while_it_can_even_at_a_loss() -> None:
+    # Three k7 (a server restartable under 40) were chosen at 8 users, when the floor was 16.
+    # At 16 users (floor 32) they stay. At 24 (floor 48) they are still the fastest pool, but
+    # one more step of the rise would leave no server able to restart: a server moves to a
+    # depth that keeps the pool reconfigurable at 48, at a loss under the load now.
+    rising = [(1200.0, {GREEDY: 3.0}), (1800.0, {GREEDY: 8.0})]
+    for users, leaves in ((16.0, False), (24.0, True)):
+        planner, now = planner_after([*rising, (1200.0, {GREEDY: users})])
+        planner.plan(0.0, pool(1, 1, 1), estimates())  # launched as three k1
+        plan = planner.plan(now, pool(7, 7, 7), estimates())
+        if not leaves:
+            assert plan.verdict == "hold: nothing gains enough"
+            continue
+        assert plan.verdict == "reconfigure"
+        assert "could restart a server only under 40 users, and must stay able to under 48" in (
+            plan.reason
+        )
+        assert plan.proposed is not None
+        assert plan.proposed.value < plan.current.value  # a loss now, for the rise to come
+        limits = sorted(2 * estimates().depths[int(s[1:])].capacity for s in plan.proposed.settings)
+        assert sum(limits) - limits[0] >= 48
+        assert len(plan.start) == 1
+
+
 def test_a_plan_says_what_the_peak_rule_holds_back_and_how_to_lift_it() -> None:
     # The quiet night above: a deeper pool would run it faster, but could not restart a server
     # under the 100 users the launched pool could. The plan says so, and names the option

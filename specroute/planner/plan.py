@@ -29,6 +29,9 @@ __all__ = ["Planner"]
 
 _ERRORS_KEPT = 5
 """Settled forecasts whose median error widens the bar."""
+SEEN_HEADROOM = 2.0
+"""Once the load has moved, how far above the highest load seen every pool must stay able
+to restart a server (`_escape_floor`): a ramp's next step doubles it."""
 _Load = tuple[tuple[str, float], ...]
 """Users per class, sorted: one load's key."""
 
@@ -80,6 +83,9 @@ class Planner:
         )
         self._launched: float | None = None
         """The slots of the pool at its first plan: the peak it was sized for."""
+        self._escaping: _Candidate | None = None
+        """Of the pools that stay reconfigurable at the floor, the one losing least, when the
+        pool now does not (`_search`, where the floor has risen past it)."""
         self._launched_escape: float | None = None
         """The highest load under which the pool at its first plan could still restart a
         server (`escape_load`): no proposal is less reconfigurable than what was launched."""
@@ -126,14 +132,24 @@ class Planner:
         horizon = self.horizon(servers, regime)
         loads = self._loads(now, horizon, users)
         escape = self._escape_floor(regime)
+        self._escaping = None
         found = self._search(servers, users, phys, now_fc, regime, (horizon, loads), escape)
         best, gaining, held = found
+        escaping = best is None and self._escaping is not None
+        if escaping:  # the floor has risen past the pool: it leaves while it still can
+            best = self._escaping
         standing = self._confirm(now, best)
         if best is not None:
             best = self._gainful_first(servers, best, loads, phys, escape)
         shown = best or gaining
         bar = self.bar
         untold = self._untold_note(loads, regime) + self._held_note(held, shown, regime)
+        if escaping:
+            untold += (
+                f"; the pool could restart a server only under "
+                f"{self.escape_load([s.setting for s in servers], phys):.0f} users, and must "
+                f"stay able to under {escape:.0f}: it leaves while it can"
+            )
         if shown is None:
             why = f"no assignment gains {bar:.0%} over {horizon:.0f}s{untold}"
             return Plan(at=now, verdict="hold: nothing gains enough", regime=regime,
@@ -154,7 +170,7 @@ class Planner:
         else:
             start, blocked = self._startable(now, servers, best, regime, phys)
             at = (users, phys, now_fc, regime, escape)
-            if start and self._stranded(now, servers, start, best, at):
+            if start and not escaping and self._stranded(now, servers, start, best, at):
                 start, blocked = (), "the rest of the target would not pay from half-way"
             verdict = "reconfigure" if start else f"hold: {blocked}"
         expected = None
@@ -314,14 +330,20 @@ class Planner:
         best: _Candidate | None = None
         gaining: _Candidate | None = None
         held: _Held | None = None
+        below = self.escape_load(current, phys) < escape
         for combo in candidates(current, choices):
             settings = _assign(current, combo)
             if settings == current or _undoes(servers, settings, regime):
                 continue
             value = self._value(settings, loads, phys) - unseen * self._risk(settings, risks, phys)
+            reach = self.escape_load(settings, phys)
+            if below and reach >= escape:
+                fc = self._forecast(settings, users, phys)
+                out = self._candidate(servers, settings, fc, lost, value - now_value, horizon_s)
+                if self._escaping is None or out.rank() > self._escaping.rank():
+                    self._escaping = out
             if value - now_value <= max(0.0, self.bar * (now_value + unknown)):
                 continue
-            reach = self.escape_load(settings, phys)
             if reach < escape:
                 if held is None or value - now_value > held.gain:
                     share = (value - now_value) / now_value if now_value > 0 else None
@@ -372,10 +394,21 @@ class Planner:
 
     def _peak(self, regime: Regime) -> float:
         """The load the pool may meet: the peak the operator named, else the slots of the
-        pool as launched; the highest load seen if more."""
+        pool as launched (`_sized`)."""
+        return self._sized(self._launched, regime)
+
+    def _sized(self, launched: float | None, regime: Regime) -> float:
+        """The peak the operator named, else `launched` (what the pool as launched was sized
+        for) until the load has moved; once a regime has ended, no more than `SEEN_HEADROOM`
+        times the highest load seen. The highest load seen, at the least."""
         o = self.options
-        sized_for = (self._launched or 0.0) if o.peak_concurrency is None else o.peak_concurrency
-        return max(sized_for, regime.peak_concurrency)
+        if o.peak_concurrency is not None:
+            sized = o.peak_concurrency
+        else:
+            sized = launched or 0.0
+            if regime.regimes_seen > 0:
+                sized = min(sized, SEEN_HEADROOM * regime.peak_concurrency)
+        return max(sized, regime.peak_concurrency)
 
     def _risks(
         self, current: Sequence[Setting], peak: float, regime: Regime, phys: Physics
@@ -422,6 +455,8 @@ class Planner:
             why = "the highest load seen"
         elif self.options.peak_concurrency is not None:
             why = "`peak_concurrency`"
+        elif floor < (self._launched_escape or 0.0):
+            why = f"twice the highest load seen, {regime.peak_concurrency:.0f} users"
         else:
             why = "as the launched pool could; `peak_concurrency` names a lower peak"
         gain = (
@@ -476,10 +511,11 @@ class Planner:
 
     def _escape_floor(self, regime: Regime) -> float:
         """The load every proposed pool, and every pool on the way to it, must stay
-        reconfigurable at (`escape_load`)."""
-        o = self.options
-        floor = (self._launched_escape or 0.0) if o.peak_concurrency is None else o.peak_concurrency
-        return max(floor, regime.peak_concurrency)
+        reconfigurable at (`escape_load`): the peak the operator named, else what the launched
+        pool could, until the load has moved (`_sized`). Agents at 24 users held a pool that
+        could restart a server under 68, the launched pool's, from the k3/k7/k7 that ran their
+        hour 10% faster."""
+        return self._sized(self._launched_escape, regime)
 
     def _loss(
         self,
