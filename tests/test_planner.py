@@ -300,6 +300,17 @@ def test_once_the_load_has_moved_the_pool_stays_reconfigurable_at_twice_the_peak
     assert "must stay able to under 60 (twice the highest load seen, 30 users)" in held.reason
 
 
+def test_a_regime_ended_by_the_class_mix_alone_keeps_the_launched_peak() -> None:
+    # At launch the first answer's mix is the prior's; the traffic's mix, read next, ends the
+    # first regime at the same load. That is no sign of how busy the pool may get: the floor
+    # stays where the launched pool put it, and three k7 stay held back at three users.
+    planner, now = planner_after([(600.0, {SAMPLED: 3.0}), (1800.0, {GREEDY: 3.0})])
+    assert planner.regimes.view(now).regimes_seen == 1
+    plan = planner.plan(now, pool(1, 1, 1), estimates())
+    assert "must stay able to under 100 (as the launched pool could" in plan.reason
+    assert plan.proposed is None or plan.proposed.settings != ("k7", "k7", "k7")
+
+
 def test_a_pool_the_rising_floor_has_passed_leaves_while_it_can_even_at_a_loss() -> None:
     # Three k7 (a server restartable under 40) were chosen at 8 users, when the floor was 16.
     # At 16 users (floor 32) they stay. At 24 (floor 48) they are still the fastest pool, but

@@ -31,6 +31,11 @@ class Regime(msgspec.Struct, frozen=True, kw_only=True):
     peak_concurrency: float
     steady: bool
     """Load is not moving: the band has not moved for a window and the latest sample lies in it."""
+    load_moved: bool = False
+    """The loads seen span two levels: the level of an ended regime, or of the current one,
+    lies outside the band of another's. Not so when only the class mix moved: the first
+    `/pool` answer is split by the prior's samples and the next by the traffic's, and that
+    shift ends the first regime at the load it began at."""
     steady_since: float = -math.inf
     """Since when it has been (the latest sample at which it was not). A rate read from
     before then may be of another load, or of the last one's replies still ending: a step from
@@ -261,9 +266,17 @@ class RegimeTracker:
             regimes_seen=len(self.past),
             alike_seen=sum(1 for p in self.past if self.alike(p)),
             peak_concurrency=self.peak,
+            load_moved=self._load_moved(),
             steady=self._steady(now),
             steady_since=self._unsteady_at,
         )
+
+    def _load_moved(self) -> bool:
+        levels = [p.concurrency for p in self.past]
+        if not levels:
+            return False
+        levels.append(self._ref_level)
+        return self._outside(max(levels), min(levels))
 
     def _steady(self, now: float) -> bool:
         return now - self._moved >= self.window_s and not self._outside(self.latest, self.level)
