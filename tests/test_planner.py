@@ -335,6 +335,20 @@ def test_a_pool_the_rising_floor_has_passed_leaves_while_it_can_even_at_a_loss()
         assert len(plan.start) == 1
 
 
+def test_where_regimes_pass_faster_than_a_change_commits_the_pool_it_does_not_leave() -> None:
+    # The rise above in regimes of eight minutes, shorter than a restart and the dwell (990 s):
+    # a move made under the higher load would be held past it, so leaving now buys nothing
+    # the loop would use, and three k7 stay. In regimes of 25 minutes the same pool leaves.
+    for minutes, leaves in ((8.0, False), (25.0, True)):
+        span = 60.0 * minutes
+        rising = [(span, {GREEDY: 3.0}), (span, {GREEDY: 8.0}), (span, {GREEDY: 24.0})]
+        planner, now = planner_after(rising)
+        planner.plan(0.0, pool(1, 1, 1), estimates())  # launched as three k1
+        plan = planner.plan(now, pool(7, 7, 7), estimates())
+        assert (plan.verdict == "reconfigure") is leaves, (minutes, plan.verdict, plan.reason)
+        assert ("leaves while it can" in plan.reason) is leaves
+
+
 def test_a_plan_says_what_the_peak_rule_holds_back_and_how_to_lift_it() -> None:
     # The quiet night above: a deeper pool would run it faster, but could not restart a server
     # under the 100 users the launched pool could. The plan says so, and names the option
