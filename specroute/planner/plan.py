@@ -144,11 +144,18 @@ class Planner:
         shown = best or gaining
         bar = self.bar
         untold = self._untold_note(loads, regime) + self._held_note(held, shown, regime)
+        reach = self.escape_load([s.setting for s in servers], phys)
         if escaping:
             untold += (
-                f"; the pool could restart a server only under "
-                f"{self.escape_load([s.setting for s in servers], phys):.0f} users, and must "
+                f"; the pool could restart a server only under {reach:.0f} users, and must "
                 f"stay able to under {escape:.0f}: it leaves while it can"
+            )
+        elif reach < escape and not self._lasting(servers):
+            untold += (
+                f"; the pool could restart a server only under {reach:.0f} users, and must "
+                f"stay able to under {escape:.0f}: it stays, as regimes last "
+                f"{statistics.median(self.regimes.durations):.0f}s (their median), less than "
+                f"a restart and the dwell ({self._commit(servers):.0f}s)"
             )
         if shown is None:
             why = f"no assignment gains {bar:.0%} over {horizon:.0f}s{untold}"
