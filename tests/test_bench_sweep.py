@@ -126,6 +126,25 @@ def test_profile_carries_steps_capacity_and_iteration_time(
     assert load_profile(path) == profile
 
 
+def test_the_prior_holds_each_level_at_its_concurrency_not_its_drain(sweep: SweepResult) -> None:
+    """A prior is the engine at a load: its rate and iteration time are the level's while it
+    held its concurrency (`held_*`), not over the drain after its last send."""
+    profile = profile_from_result(sweep)
+    for level in sweep.levels:
+        s = level.summary
+        point = next(
+            p for t in profile.targets if t.label == level.target for p in t.points
+            if p.concurrency == level.concurrency
+        )  # fmt: skip
+        assert 0 < s.held_s <= s.wall_s
+        assert point.aggregate_tok_s == s.held_tok_s
+        tokens_per_chunk = s.accept.chunks or s.accept.best()
+        assert tokens_per_chunk is not None
+        assert point.iteration_time_s == pytest.approx(s.held_itl.mean * tokens_per_chunk)
+    at_four = [lv.summary for lv in sweep.levels if lv.concurrency == 4]
+    assert all(s.held_s < s.wall_s for s in at_four)  # four at once drain before the end
+
+
 def test_stream_without_continuous_usage_still_counts_tokens_exactly(steps3: Server) -> None:
     settings = SweepSettings(
         targets=[parse_target(steps3.url)],

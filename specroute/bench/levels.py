@@ -20,6 +20,7 @@ __all__ = [
     "ClassSummary",
     "LevelSummary",
     "accept_warnings",
+    "held_window",
     "summarize_level",
 ]
 
@@ -54,7 +55,10 @@ class ClassSummary(msgspec.Struct, kw_only=True):
 
 class LevelSummary(msgspec.Struct, kw_only=True):
     """Per-request tok/s = mean of 1 / TPOT; aggregate tok/s = completion tokens over the
-    level's wall time (first scheduled send to last finish). Latencies in seconds."""
+    level's wall time (first scheduled send to last finish). Latencies in seconds.
+
+    `held_*` count only the span the level held its concurrency (`held_window`): the
+    steady rate a prior wants, without the drain's tail."""
 
     requests: int = 0
     succeeded: int = 0
@@ -73,6 +77,46 @@ class LevelSummary(msgspec.Struct, kw_only=True):
     token_source: str = ""
     classes: dict[str, ClassSummary] = {}
     warnings: list[str] = []
+    held_s: float = 0.0
+    """How long the level held every request it runs at once in flight (`held_window`)."""
+    held_tok_s: float = 0.0
+    """Completion tokens that arrived within `held_s`, per second."""
+    held_itl: Summary = Summary()
+    """Inter-token latencies of the tokens that arrived within `held_s`."""
+
+
+def held_window(records: Sequence[RequestRecord]) -> tuple[float, float] | None:
+    """(start, end) of the span a closed-loop level held its concurrency: from its first send
+    to the first finish after its last send (the finish that sent it is not after it). Until
+    then every finish was followed by a send; after it the level drains, fewer requests run,
+    and iterations are shorter and the rate lower than its concurrency gives. With the tune's
+    two requests per slot the drain is a large share of a level: counted, it put an emulated
+    vLLM server's rates at 16 and 32 requests 3% to 12% under what 32 requests per slot
+    measured (within 2.3% once left out) and its slope per token 15% under
+    (`docs/operators.md`, "How long a tune measures"). None for no records."""
+    if not records:
+        return None
+    start = min(r.scheduled for r in records)
+    last_send = max(max(r.scheduled, r.sent) for r in records)
+    end = min((r.finished for r in records if r.finished > last_send), default=last_send)
+    return start, max(start, end)
+
+
+def _held(
+    good: Sequence[RequestRecord], window: tuple[float, float] | None
+) -> tuple[float, float, list[float]]:
+    """(span, tokens per second, inter-token latencies) within `window`."""
+    if window is None or window[1] <= window[0]:
+        return 0.0, 0.0, []
+    start, end = window
+    tokens = 0
+    gaps: list[float] = []
+    for record in good:
+        times = [t for t in record.chunk_times if t <= end]
+        counts = record.chunk_tokens[: len(times)]
+        tokens += sum(counts)
+        gaps.extend(inter_token_latencies(times, counts))
+    return end - start, tokens / (end - start), gaps
 
 
 def _ratio(tokens: int, steps: int) -> float | None:
@@ -151,6 +195,7 @@ def summarize_level(
     accept = _accept(good)
     accept.metrics, accept.server_info = metrics_accept, server_info_accept
     sources = Tally(r.token_source for r in good)
+    held_s, held_tok_s, held_itl = _held(good, held_window(records))
     return LevelSummary(
         requests=len(records),
         succeeded=len(good),
@@ -169,4 +214,7 @@ def summarize_level(
         token_source=sources.most_common(1)[0][0] if sources else "",
         classes=_classes(good),
         warnings=accept_warnings(accept),
+        held_s=held_s,
+        held_tok_s=held_tok_s,
+        held_itl=summarize(held_itl),
     )

@@ -3,7 +3,9 @@ format the pool loads as its prior (`specroute bench profile`; the format and it
 `specroute.profile_format`, schema `specroute.profile/2`).
 
 `iteration_time_s` estimates one engine iteration at that load: the mean gap between chunks
-after the first (inter-token latency times tokens per chunk). Sweeps against an emulator run
+after the first (inter-token latency times tokens per chunk). It and `aggregate_tok_s` count
+the span the level held its concurrency (`levels.held_window`), not the drain after its last
+send, where fewer requests run: a prior is the engine at that load. Sweeps against an emulator run
 with `--time-scale X` are scaled back (`time_scale`): rates divided by X, times multiplied.
 """
 
@@ -41,12 +43,14 @@ __all__ = [
 def _point(level: LevelResult, traffic: str, scale: float) -> Point:
     s = level.summary
     tokens_per_chunk = s.accept.chunks or s.accept.best()
-    iteration = s.itl.mean * tokens_per_chunk if tokens_per_chunk and s.itl.count else None
+    held = s.held_s > 0 and s.held_itl.count > 0  # a summary written before `held_*`: whole
+    itl = s.held_itl if held else s.itl
+    iteration = itl.mean * tokens_per_chunk if tokens_per_chunk and itl.count else None
     return Point(
         traffic=traffic,
         concurrency=level.concurrency,
         per_request_tok_s=s.per_request_tok_s / scale,
-        aggregate_tok_s=s.aggregate_tok_s / scale,
+        aggregate_tok_s=(s.held_tok_s if held else s.aggregate_tok_s) / scale,
         accept_length=s.accept.best(),
         accept_chunks=s.accept.chunks,
         accept_sglext=s.accept.sglext,
