@@ -251,6 +251,13 @@ def bounded(specs: dict[str, PoolSpec], results: dict[str, SimResult]) -> list[s
             and all(s.steps in allowed for s in specs[p].settings)]  # fmt: skip
 
 
+def drawable(results: dict[str, SimResult]) -> bool:
+    """Whether the report's verdict can be drawn: auto and a fixed pool (k0-k7) beside it.
+    The launched pool is none (`depth_verdict.verdict`'s best fixed pool is a `k` pool):
+    `--pool auto --pool launched` ran every run and then stopped on an empty `max`."""
+    return "auto" in results and any(p.startswith("k") for p in results)
+
+
 def envelope(
     results: dict[str, SimResult],
     startup_s: float,
@@ -527,7 +534,7 @@ def main() -> None:
         grouped.setdefault((profile, trace), {})[result.pool] = result
     verdicts = []
     for (profile, trace), results in grouped.items():
-        if "auto" not in results or not bounded(pools(profile), results):
+        if not drawable(results) or not bounded(pools(profile), results):
             print("\n".join(_unbounded(profile, trace, results, args.startup)))
             continue
         lines, v = report(profile, trace, results, args.startup)

@@ -154,3 +154,14 @@ def test_a_vllm_pool_launched_at_the_mix_pays_for_the_servers_it_changes(
     bound = vllm_bound.from_launch("seed-qwen35-122b", runs, "mix-1-2-3")
     assert bound == pytest.approx(110.0 - 110.0 * 88.0 * 2 / 3 / 1000.0)
     assert vllm_bound.from_launch("seed-qwen35-122b", runs, "launched-tuned") is None
+
+
+def test_auto_beside_its_launched_pool_alone_prints_each_pool_not_a_verdict(
+    depth_bound: ModuleType,
+) -> None:
+    # The verdict compares auto with the best k pool; with only the launched pool beside it
+    # the report prints each pool's figures instead of failing after every run.
+    ran = dict.fromkeys(("auto", "launched"))
+    assert not depth_bound.drawable(ran)
+    assert depth_bound.drawable({**ran, "k2": None})
+    assert not depth_bound.drawable({"launched": None, "k2": None})
