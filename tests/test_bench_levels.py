@@ -24,9 +24,9 @@ def _request(index: int, sent: float, finished: float, every: float) -> RequestR
 
 
 def _level() -> list[RequestRecord]:
-    """Two at once, four requests: each finish sends the next until the last send at 1.2 s;
-    while two run each gets a token every 0.1 s; the last one then runs alone, twice as
-    slow per iteration in wall time as the emulator would not be, a tail of 1 s."""
+    """Two at once, four requests: each finish sends the next until the last send at 1.2 s.
+    The first three get a token every 0.1 s, the last one every 0.2 s; it runs alone from
+    request 2's finish at 2.0 s to 3.2 s: the drain."""
     return [
         _request(0, 0.0, 1.0, 0.1),
         _request(1, 0.0, 1.2, 0.1),
